@@ -1,0 +1,266 @@
+"""Benchmark conv2d_ext against PyTorch (cuDNN with benchmark=True).
+
+    python -m conv2d_ext.benchmark [--shapes a,b,c] [--passes forward,...]
+                                   [--precision tf32,ieee] [--quick] [--json PATH]
+
+Times forward, backward_input (dgrad) and backward_weight (wgrad) of both
+implementations side by side in one process, with CUDA events (warm-up, then
+the median of repeats), rotating input sets so that the working set exceeds
+the L2 cache. Every result is checked against a float64 reference. Without a
+GPU it runs the CPU path on reduced sizes.
+"""
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+import conv2d_ext
+
+
+@dataclass(frozen=True)
+class Shape:
+    n: int
+    cin: int
+    cout: int
+    h: int
+    w: int
+    kernel: tuple
+    stride: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+
+    def geometry(self):
+        return list(self.stride), list(self.padding), list(self.dilation), self.groups
+
+    def out_hw(self):
+        return tuple(
+            (i + 2 * p - d * (k - 1) - 1) // s + 1
+            for i, k, s, p, d in zip((self.h, self.w), self.kernel, self.stride, self.padding, self.dilation)
+        )
+
+    def flops(self):
+        """Multiply-adds x 2 of one pass (the same for all three)."""
+        ho, wo = self.out_hw()
+        return 2 * self.n * self.cout * ho * wo * (self.cin // self.groups) * self.kernel[0] * self.kernel[1]
+
+    def reduced(self):
+        """A CPU-sized version: batch 1, a quarter of each spatial extent."""
+        def shrink(size, k, d, p):
+            return max(size // 4, d * (k - 1) + 1 - 2 * p)
+        return Shape(1, self.cin, self.cout, shrink(self.h, self.kernel[0], self.dilation[0], self.padding[0]),
+                     shrink(self.w, self.kernel[1], self.dilation[1], self.padding[1]),
+                     self.kernel, self.stride, self.padding, self.dilation, self.groups)
+
+
+# The workloads conv2d_ext exists for (a, b, c), then common CNN layers.
+SUITE = {
+    "a": Shape(8, 32, 64, 512, 512, (5, 9)),
+    "b": Shape(8, 32, 64, 512, 512, (5, 9), padding=(2, 4), dilation=(2, 3)),
+    "c": Shape(8, 64, 128, 512, 1024, (3, 3), padding=(1, 1)),
+    "resnet_3x3": Shape(64, 64, 64, 56, 56, (3, 3), padding=(1, 1)),
+    "resnet_1x1": Shape(64, 256, 64, 56, 56, (1, 1)),
+    "stem_7x7": Shape(32, 3, 64, 224, 224, (7, 7), stride=(2, 2), padding=(3, 3)),
+    "depthwise_3x3": Shape(32, 128, 128, 112, 112, (3, 3), padding=(1, 1), groups=128),
+    "grouped_3x3": Shape(32, 128, 128, 56, 56, (3, 3), padding=(1, 1), groups=32),
+}
+PASSES = ["forward", "backward_input", "backward_weight"]
+PRECISIONS = ["tf32", "ieee"]
+
+
+def _ext_fn(pass_, shape):
+    ops = torch.ops.conv2d_ext
+    geo = shape.geometry()
+    if pass_ == "forward":
+        return lambda x, w, gy: ops.conv2d(x, w, None, *geo)
+    if pass_ == "backward_input":
+        return lambda x, w, gy: ops.conv2d_backward_input(gy, w, list(x.shape), *geo)
+    return lambda x, w, gy: ops.conv2d_backward_weight(gy, x, list(w.shape), *geo)
+
+
+def _torch_fn(pass_, shape):
+    stride, padding, dilation, groups = shape.geometry()
+    if pass_ == "forward":
+        return lambda x, w, gy: F.conv2d(x, w, None, stride, padding, dilation, groups)
+    mask = [pass_ == "backward_input", pass_ == "backward_weight", False]
+    index = 0 if pass_ == "backward_input" else 1
+
+    def fn(x, w, gy):
+        grads = torch.ops.aten.convolution_backward(
+            gy, x, w, None, stride, padding, dilation, False, [0, 0], groups, mask)
+        return grads[index]
+    return fn
+
+
+def _make_inputs(shape, device, dtype=torch.float32, generator=None):
+    x = torch.randn(shape.n, shape.cin, shape.h, shape.w, device=device, dtype=dtype, generator=generator)
+    w = torch.randn(shape.cout, shape.cin // shape.groups, *shape.kernel, device=device, dtype=dtype,
+                    generator=generator)
+    # Scale so outputs stay O(1) whatever the reduction length.
+    w /= math.sqrt(w[0].numel())
+    gy = torch.randn(shape.n, shape.cout, *shape.out_hw(), device=device, dtype=dtype, generator=generator)
+    return x, w, gy
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn, input_sets, device, warmup, repeats, budget_s):
+    """Median milliseconds of fn over rotating input sets."""
+    for i in range(warmup):
+        fn(*input_sets[i % len(input_sets)])
+    _sync(device)
+    times = []
+    start_wall = time.perf_counter()
+    for i in range(repeats):
+        args = input_sets[i % len(input_sets)]
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append((time.perf_counter() - t0) * 1e3)
+        if i >= 2 and time.perf_counter() - start_wall > budget_s:
+            break
+    return statistics.median(times)
+
+
+def rel_err(out, ref):
+    out = out.double()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def _set_precision(precision):
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+
+
+def run(shapes, passes, precisions, device, quick=False, progress=print):
+    torch.backends.cudnn.benchmark = True
+    records = []
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 32 << 20
+    warmup, repeats, budget = (1, 5, 0.3) if quick else (3, 30, 1.5)
+    total = len(shapes) * len(passes) * len(precisions)
+    done = 0
+    for name in shapes:
+        shape = SUITE[name] if device.type == "cuda" else SUITE[name].reduced()
+        set_bytes = sum(t.numel() * 4 for t in _make_inputs(shape, "meta"))
+        n_sets = max(1, min(4, math.ceil(2 * l2 / set_bytes)))
+        gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
+        sets = [_make_inputs(shape, device, generator=gen) for _ in range(n_sets)]
+        for pass_ in passes:
+            ext, ref_fn = _ext_fn(pass_, shape), _torch_fn(pass_, shape)
+            x, w, gy = sets[0]
+            with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+                reference = ref_fn(x.double(), w.double(), gy.double())
+            for precision in precisions:
+                _set_precision(precision)
+                ext_err = rel_err(ext(x, w, gy), reference)
+                torch_err = rel_err(ref_fn(x, w, gy), reference)
+                ext_ms = time_ms(ext, sets, device, warmup, repeats, budget)
+                torch_ms = time_ms(ref_fn, sets, device, warmup, repeats, budget)
+                flops = shape.flops()
+                rec = {
+                    "shape": name,
+                    "pass": pass_,
+                    "precision": precision,
+                    "ext_ms": ext_ms,
+                    "torch_ms": torch_ms,
+                    "speedup": torch_ms / ext_ms,
+                    "ext_tflops": flops / ext_ms / 1e9,
+                    "torch_tflops": flops / torch_ms / 1e9,
+                    "ext_rel_err": ext_err,
+                    "torch_rel_err": torch_err,
+                    "config": asdict(shape),
+                }
+                records.append(rec)
+                done += 1
+                progress(f"[{done}/{total}] {name} {pass_} {precision}: ext {ext_ms:.3f} ms, "
+                         f"torch {torch_ms:.3f} ms, speedup {rec['speedup']:.2f}x, "
+                         f"err {ext_err:.2e} vs {torch_err:.2e}")
+            del reference
+        del sets
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return records
+
+
+def format_table(records):
+    header = ("shape", "pass", "prec", "ext ms", "torch ms", "ext TF/s", "torch TF/s", "speedup",
+              "ext err", "torch err")
+    rows = [header]
+    for r in records:
+        rows.append((r["shape"], r["pass"], r["precision"], f"{r['ext_ms']:.3f}", f"{r['torch_ms']:.3f}",
+                     f"{r['ext_tflops']:.2f}", f"{r['torch_tflops']:.2f}", f"{r['speedup']:.2f}x",
+                     f"{r['ext_rel_err']:.1e}", f"{r['torch_rel_err']:.1e}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["| " + " | ".join(c.ljust(wd) for c, wd in zip(row, widths)) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (wd + 2) for wd in widths) + "|")
+    return "\n".join(lines)
+
+
+def environment(device):
+    env = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "conv2d_ext": conv2d_ext.__version__,
+        "build": conv2d_ext.build_info(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return env
+
+
+def _csv(value, choices, what):
+    items = [v for v in value.split(",") if v]
+    bad = [v for v in items if v not in choices]
+    if bad:
+        raise SystemExit(f"unknown {what}: {', '.join(bad)} (choose from {', '.join(choices)})")
+    return items
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m conv2d_ext.benchmark", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=",".join(SUITE), help="comma-separated names from the suite")
+    parser.add_argument("--passes", default=",".join(PASSES))
+    parser.add_argument("--precision", default=",".join(PRECISIONS), help="tf32, ieee or both")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--json", metavar="PATH", help="write the records and environment as JSON")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    shapes = _csv(args.shapes, list(SUITE), "shape")
+    passes = _csv(args.passes, PASSES, "pass")
+    precisions = _csv(args.precision, PRECISIONS, "precision")
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        precisions = ["ieee"]  # TF32 is a GPU mode
+        print("no GPU: timing the CPU path on reduced sizes", file=sys.stderr)
+    env = environment(device)
+    print(f"# {env['device']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}", file=sys.stderr)
+    records = run(shapes, passes, precisions, device, args.quick,
+                  progress=lambda s: print(s, file=sys.stderr, flush=True))
+    print(format_table(records))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**env, "records": records}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+// Operator schemas. Kernels register per backend next to their code
+// (cpu/*.cpp, cuda/*.cu); fake tensors and autograd register in Python
+// (conv2d_ext/_ops.py).
+#include <torch/library.h>
+
+#include <string>
+
+#include "conv_params.h"
+#include "plan.h"
+
+TORCH_LIBRARY(conv2d_ext, m) {
+  m.def(
+      "conv2d(Tensor input, Tensor weight, Tensor? bias, SymInt[2] stride, "
+      "SymInt[2] padding, SymInt[2] dilation, SymInt groups) -> Tensor");
+  // dgrad: the gradient of conv2d with respect to its input.
+  m.def(
+      "conv2d_backward_input(Tensor grad_output, Tensor weight, "
+      "SymInt[4] input_size, SymInt[2] stride, SymInt[2] padding, "
+      "SymInt[2] dilation, SymInt groups) -> Tensor");
+  // wgrad: the gradient of conv2d with respect to its weight.
+  m.def(
+      "conv2d_backward_weight(Tensor grad_output, Tensor input, "
+      "SymInt[4] weight_size, SymInt[2] stride, SymInt[2] padding, "
+      "SymInt[2] dilation, SymInt groups) -> Tensor");
+  // Tests only: fill every output with NaN before kernels run, so that an
+  // element a kernel never writes cannot pass. Returns the previous setting.
+  m.def("_set_poison_outputs(bool enable) -> bool",
+        &conv2d_ext::set_poison_outputs);
+  // The precision mode ('tf32' or 'ieee') a float32 call would use now.
+  m.def("_math_mode() -> str", [] {
+    return std::string(
+        conv2d_ext::to_string(conv2d_ext::math_mode(at::kFloat)));
+  });
+}

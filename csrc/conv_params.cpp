@@ -1,0 +1,219 @@
+// Argument validation for all three passes. Messages follow PyTorch's own
+// (aten/src/ATen/native/Convolution.cpp) so that a user moving from
+// nn.Conv2d sees familiar errors.
+#include "conv_params.h"
+
+#include <array>
+#include <atomic>
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace conv2d_ext {
+namespace {
+
+void check_float_dtype(const char* op, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble,
+              op, " not implemented for '", t.scalar_type(),
+              "' (supported: float32, float64)");
+}
+
+void check_same_dtype(const char* first_name, const at::Tensor& first,
+                      const char* second_name, const at::Tensor& second) {
+  TORCH_CHECK(first.scalar_type() == second.scalar_type(), first_name,
+              " type (", first.scalar_type(), ") and ", second_name, " type (",
+              second.scalar_type(), ") should be the same");
+}
+
+void check_same_device(const char* first_name, const at::Tensor& first,
+                       const char* second_name, const at::Tensor& second) {
+  TORCH_CHECK(first.device() == second.device(),
+              "Expected all tensors to be on the same device, but found at "
+              "least two devices, ",
+              first.device(), " and ", second.device(), "! (", first_name,
+              " is on ", first.device(), ", ", second_name, " is on ",
+              second.device(), ")");
+}
+
+// Fills stride, padding, dilation and groups after checking each.
+void set_geometry(ConvParams& p, c10::IntArrayRef stride,
+                  c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                  int64_t groups) {
+  TORCH_CHECK(stride.size() == 2, "expected stride to have 2 elements, got ",
+              stride.size());
+  TORCH_CHECK(padding.size() == 2, "expected padding to have 2 elements, got ",
+              padding.size());
+  TORCH_CHECK(dilation.size() == 2,
+              "expected dilation to have 2 elements, got ", dilation.size());
+  TORCH_CHECK(stride[0] > 0 && stride[1] > 0,
+              "non-positive stride is not supported");
+  TORCH_CHECK(padding[0] >= 0 && padding[1] >= 0,
+              "negative padding is not supported");
+  TORCH_CHECK(dilation[0] > 0 && dilation[1] > 0,
+              "dilation should be greater than zero");
+  TORCH_CHECK(groups > 0, "non-positive groups is not supported");
+  p.stride_h = stride[0];
+  p.stride_w = stride[1];
+  p.pad_h = padding[0];
+  p.pad_w = padding[1];
+  p.dilation_h = dilation[0];
+  p.dilation_w = dilation[1];
+  p.groups = groups;
+}
+
+// Checks that the weight fits the input's channels and padded extent, then
+// derives the output extent. `input_size` is [N, C, H, W].
+void set_shapes(ConvParams& p, c10::IntArrayRef input_size,
+                c10::IntArrayRef weight_size) {
+  TORCH_CHECK(weight_size[2] > 0 && weight_size[3] > 0,
+              "kernel size should be greater than zero, but got weight of "
+              "size ",
+              weight_size);
+  TORCH_CHECK(weight_size[0] % p.groups == 0, "Given groups=", p.groups,
+              ", expected weight to be divisible by ", p.groups,
+              " at dimension 0, but got weight of size ", weight_size,
+              " instead");
+  TORCH_CHECK(input_size[1] == weight_size[1] * p.groups,
+              "Given groups=", p.groups, ", weight of size ", weight_size,
+              ", expected input", input_size, " to have ",
+              weight_size[1] * p.groups, " channels, but got ", input_size[1],
+              " channels instead");
+  TORCH_CHECK(input_size[2] > 0 && input_size[3] > 0,
+              "Expected input's non-batch dimensions to have positive length, "
+              "but input has a shape of ",
+              input_size);
+  p.batch = input_size[0];
+  p.in_channels = input_size[1];
+  p.in_h = input_size[2];
+  p.in_w = input_size[3];
+  p.out_channels = weight_size[0];
+  p.kernel_h = weight_size[2];
+  p.kernel_w = weight_size[3];
+  const int64_t padded_h = p.in_h + 2 * p.pad_h;
+  const int64_t padded_w = p.in_w + 2 * p.pad_w;
+  const int64_t extent_h = p.dilation_h * (p.kernel_h - 1) + 1;
+  const int64_t extent_w = p.dilation_w * (p.kernel_w - 1) + 1;
+  TORCH_CHECK(padded_h >= extent_h && padded_w >= extent_w,
+              "Calculated padded input size per channel: (", padded_h, " x ",
+              padded_w, "). Kernel size: (", extent_h, " x ", extent_w,
+              "). Kernel size can't be greater than actual input size");
+  p.out_h = conv_out_size(p.in_h, p.kernel_h, p.stride_h, p.pad_h,
+                          p.dilation_h);
+  p.out_w = conv_out_size(p.in_w, p.kernel_w, p.stride_w, p.pad_w,
+                          p.dilation_w);
+  // Kernels index within one (n, c) plane with 32-bit arithmetic and form
+  // plane base offsets in 64 bits; a single plane must therefore fit int32.
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK(p.in_h * p.in_w <= kMax32 && p.out_h * p.out_w <= kMax32,
+              "conv2d_ext: one channel plane of more than 2^31-1 elements is "
+              "not supported (input ",
+              p.in_h, "x", p.in_w, ", output ", p.out_h, "x", p.out_w, ")");
+}
+
+void check_4d(const char* what, const char* op, const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 4, "Expected 4D (batched) ", what, " to ", op,
+              ", but got ", what, " of size: ", t.sizes());
+}
+
+}  // namespace
+
+ConvParams make_fprop_params(const at::Tensor& input, const at::Tensor& weight,
+                             const c10::optional<at::Tensor>& bias,
+                             c10::IntArrayRef stride, c10::IntArrayRef padding,
+                             c10::IntArrayRef dilation, int64_t groups) {
+  constexpr const char* op = "conv2d_ext::conv2d";
+  check_4d("input", op, input);
+  TORCH_CHECK(weight.dim() == 4,
+              "Expected 4-dimensional weight for 4-dimensional input ",
+              input.sizes(), ", but got ", weight.dim(),
+              "-dimensional weight of size ", weight.sizes(), " instead");
+  check_float_dtype(op, input);
+  check_same_dtype("Input", input, "weight", weight);
+  check_same_device("input", input, "weight", weight);
+  ConvParams p;
+  set_geometry(p, stride, padding, dilation, groups);
+  set_shapes(p, input.sizes(), weight.sizes());
+  if (bias.has_value() && bias->defined()) {
+    check_same_dtype("Input", input, "bias", *bias);
+    check_same_device("input", input, "bias", *bias);
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == p.out_channels,
+                "Given weight of size ", weight.sizes(),
+                ", expected bias to be 1-dimensional with ", p.out_channels,
+                " elements, but got bias of size ", bias->sizes(),
+                " instead");
+  }
+  return p;
+}
+
+ConvParams make_dgrad_params(const at::Tensor& grad_output,
+                             const at::Tensor& weight,
+                             c10::IntArrayRef input_size,
+                             c10::IntArrayRef stride, c10::IntArrayRef padding,
+                             c10::IntArrayRef dilation, int64_t groups) {
+  constexpr const char* op = "conv2d_ext::conv2d_backward_input";
+  check_4d("grad_output", op, grad_output);
+  TORCH_CHECK(weight.dim() == 4, op, ": expected a 4-D weight, got size ",
+              weight.sizes());
+  TORCH_CHECK(input_size.size() == 4, op,
+              ": expected input_size to have 4 elements, got ", input_size);
+  check_float_dtype(op, grad_output);
+  check_same_dtype("grad_output", grad_output, "weight", weight);
+  check_same_device("grad_output", grad_output, "weight", weight);
+  ConvParams p;
+  set_geometry(p, stride, padding, dilation, groups);
+  set_shapes(p, input_size, weight.sizes());
+  const std::array<int64_t, 4> expected{p.batch, p.out_channels, p.out_h,
+                                        p.out_w};
+  TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(expected), op,
+              ": grad_output of size ", grad_output.sizes(),
+              " does not match the output size ", c10::IntArrayRef(expected),
+              " of a convolution of input", input_size, " with weight",
+              weight.sizes());
+  return p;
+}
+
+ConvParams make_wgrad_params(const at::Tensor& grad_output,
+                             const at::Tensor& input,
+                             c10::IntArrayRef weight_size,
+                             c10::IntArrayRef stride, c10::IntArrayRef padding,
+                             c10::IntArrayRef dilation, int64_t groups) {
+  constexpr const char* op = "conv2d_ext::conv2d_backward_weight";
+  check_4d("grad_output", op, grad_output);
+  check_4d("input", op, input);
+  TORCH_CHECK(weight_size.size() == 4, op,
+              ": expected weight_size to have 4 elements, got ", weight_size);
+  check_float_dtype(op, grad_output);
+  check_same_dtype("grad_output", grad_output, "input", input);
+  check_same_device("grad_output", grad_output, "input", input);
+  ConvParams p;
+  set_geometry(p, stride, padding, dilation, groups);
+  set_shapes(p, input.sizes(), weight_size);
+  const std::array<int64_t, 4> expected{p.batch, p.out_channels, p.out_h,
+                                        p.out_w};
+  TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(expected), op,
+              ": grad_output of size ", grad_output.sizes(),
+              " does not match the output size ", c10::IntArrayRef(expected),
+              " of a convolution of input", input.sizes(), " with weight",
+              weight_size);
+  return p;
+}
+
+namespace {
+std::atomic<bool> g_poison_outputs{false};
+}
+
+bool set_poison_outputs(bool enable) {
+  return g_poison_outputs.exchange(enable);
+}
+
+at::Tensor empty_output(c10::IntArrayRef sizes,
+                        const at::TensorOptions& opts) {
+  at::Tensor out = at::empty(sizes, opts);
+  if (g_poison_outputs.load(std::memory_order_relaxed)) {
+    out.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+  return out;
+}
+
+}  // namespace conv2d_ext

@@ -1,0 +1,77 @@
+// The one description of a 2-D convolution shared by every pass (fprop,
+// dgrad, wgrad) and every backend (CPU, CUDA).
+//
+// Passed by value to CUDA kernels too, hence C10_HOST_DEVICE accessors.
+// Layout is always NCHW for activations and KCRS (out, in/groups, kh, kw)
+// for weights; callers make tensors contiguous before building a ConvParams.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/ArrayRef.h>
+
+namespace conv2d_ext {
+
+struct ConvParams {
+  int64_t batch = 0;
+  int64_t in_channels = 0, in_h = 0, in_w = 0;
+  int64_t out_channels = 0, out_h = 0, out_w = 0;
+  int64_t kernel_h = 0, kernel_w = 0;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+
+  C10_HOST_DEVICE int64_t in_channels_per_group() const { return in_channels / groups; }
+  C10_HOST_DEVICE int64_t out_channels_per_group() const { return out_channels / groups; }
+  C10_HOST_DEVICE int64_t taps() const { return kernel_h * kernel_w; }
+
+  // Implicit-GEMM extents of the forward pass (per group), in CUTLASS's
+  // naming: dgrad and wgrad permute these three.
+  C10_HOST_DEVICE int64_t gemm_m() const { return batch * out_h * out_w; }
+  C10_HOST_DEVICE int64_t gemm_n() const { return out_channels_per_group(); }
+  C10_HOST_DEVICE int64_t gemm_k() const { return in_channels_per_group() * taps(); }
+
+  C10_HOST_DEVICE int64_t input_numel() const { return batch * in_channels * in_h * in_w; }
+  C10_HOST_DEVICE int64_t output_numel() const { return batch * out_channels * out_h * out_w; }
+  C10_HOST_DEVICE int64_t weight_numel() const { return out_channels * gemm_k(); }
+};
+
+// Output extent of one spatial dimension, as nn.Conv2d defines it.
+inline int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride,
+                             int64_t pad, int64_t dilation) {
+  return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
+}
+
+// Validates the forward arguments with PyTorch's wording and returns the
+// parameters. Tensors may be in any layout; only sizes are read.
+ConvParams make_fprop_params(const at::Tensor& input, const at::Tensor& weight,
+                             const c10::optional<at::Tensor>& bias,
+                             c10::IntArrayRef stride, c10::IntArrayRef padding,
+                             c10::IntArrayRef dilation, int64_t groups);
+
+// Validates dgrad arguments: grad_output [N, Cout, Ho, Wo], the weight and
+// the shape of the input whose gradient is wanted.
+ConvParams make_dgrad_params(const at::Tensor& grad_output,
+                             const at::Tensor& weight,
+                             c10::IntArrayRef input_size,
+                             c10::IntArrayRef stride, c10::IntArrayRef padding,
+                             c10::IntArrayRef dilation, int64_t groups);
+
+// Validates wgrad arguments: grad_output, the forward input and the shape of
+// the weight whose gradient is wanted.
+ConvParams make_wgrad_params(const at::Tensor& grad_output,
+                             const at::Tensor& input,
+                             c10::IntArrayRef weight_size,
+                             c10::IntArrayRef stride, c10::IntArrayRef padding,
+                             c10::IntArrayRef dilation, int64_t groups);
+
+// Allocates an op's output. When output poisoning is on (tests only), the
+// buffer is filled with NaN so that any element a kernel fails to write
+// shows up in the comparison against the reference.
+at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts);
+bool set_poison_outputs(bool enable);
+
+}  // namespace conv2d_ext

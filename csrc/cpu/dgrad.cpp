@@ -1,0 +1,91 @@
+// Backward-data pass on the CPU: each task owns one (image, input channel)
+// plane of grad_input and scatters every grad_output tap that reaches it,
+// so tasks never write the same memory.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../conv_params.h"
+#include "loops.h"
+
+namespace conv2d_ext {
+namespace cpu {
+namespace {
+
+template <typename T>
+void dgrad_direct(const ConvParams& p, const T* grad_out, const T* w,
+                  T* grad_in) {
+  const int64_t cin_g = p.in_channels_per_group();
+  const int64_t cout_g = p.out_channels_per_group();
+  const int64_t in_plane = p.in_h * p.in_w;
+  const int64_t out_plane = p.out_h * p.out_w;
+  at::parallel_for(0, p.batch * p.in_channels, 1, [&](int64_t begin,
+                                                      int64_t end) {
+    std::vector<double> acc(in_plane);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t n = task / p.in_channels;
+      const int64_t ci = task % p.in_channels;
+      const int64_t g = ci / cin_g;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t col = 0; col < cout_g; ++col) {
+        const int64_t co = g * cout_g + col;
+        const T* go_plane = grad_out + (n * p.out_channels + co) * out_plane;
+        const T* w_taps = w + (co * cin_g + ci % cin_g) * p.taps();
+        for (int64_t kh = 0; kh < p.kernel_h; ++kh) {
+          const Range rows = valid_outputs(p.out_h, p.in_h, p.stride_h,
+                                           kh * p.dilation_h - p.pad_h);
+          for (int64_t kw = 0; kw < p.kernel_w; ++kw) {
+            const int64_t w_off = kw * p.dilation_w - p.pad_w;
+            const Range cols =
+                valid_outputs(p.out_w, p.in_w, p.stride_w, w_off);
+            const double wv = w_taps[kh * p.kernel_w + kw];
+            for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
+              const int64_t ih = oh * p.stride_h + kh * p.dilation_h - p.pad_h;
+              double* a_row = acc.data() + ih * p.in_w + w_off;
+              const T* g_row = go_plane + oh * p.out_w;
+              for (int64_t ow = cols.lo; ow < cols.hi; ++ow) {
+                a_row[ow * p.stride_w] += wv * g_row[ow];
+              }
+            }
+          }
+        }
+      }
+      T* gi_plane = grad_in + task * in_plane;
+      for (int64_t i = 0; i < in_plane; ++i) gi_plane[i] = T(acc[i]);
+    }
+  });
+}
+
+at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
+                                     const at::Tensor& weight,
+                                     c10::IntArrayRef input_size,
+                                     c10::IntArrayRef stride,
+                                     c10::IntArrayRef padding,
+                                     c10::IntArrayRef dilation,
+                                     int64_t groups) {
+  const ConvParams p = make_dgrad_params(grad_output, weight, input_size,
+                                         stride, padding, dilation, groups);
+  at::Tensor grad_in = empty_output(input_size, grad_output.options());
+  if (grad_in.numel() == 0) return grad_in;
+  const at::Tensor go = grad_output.contiguous();
+  const at::Tensor w = weight.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "conv2d_ext_dgrad_cpu",
+                             [&] {
+                               dgrad_direct<scalar_t>(
+                                   p, go.data_ptr<scalar_t>(),
+                                   w.data_ptr<scalar_t>(),
+                                   grad_in.data_ptr<scalar_t>());
+                             });
+  return grad_in;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(conv2d_ext, CPU, m) {
+  m.impl("conv2d_backward_input", &conv2d_backward_input_cpu);
+}
+
+}  // namespace cpu
+}  // namespace conv2d_ext

@@ -1,0 +1,78 @@
+// Small device helpers shared by the CUDA passes.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include "../conv_params.h"
+
+namespace conv2d_ext {
+namespace cuda {
+
+constexpr int kThreads = 256;
+
+// Largest grid y/z extent; kernels loop over the rest.
+constexpr int64_t kMaxGridYZ = 65535;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Offset of plane (n, c) of an NCHW tensor with `channels` channels: the
+// only 64-bit product a kernel needs, since one plane fits in int32
+// (checked in make_*_params).
+__device__ __forceinline__ int64_t plane_offset(int n, int channels, int c,
+                                                int plane_size) {
+  return (static_cast<int64_t>(n) * channels + c) * plane_size;
+}
+
+// Reads a compile-time tile of N values from 16-byte aligned shared memory
+// with 16-byte loads: all threads read the same address, so each load is a
+// broadcast.
+template <typename T, int N>
+__device__ __forceinline__ void load_tile(const T* s, T (&v)[N]) {
+  using Vec = typename std::conditional<sizeof(T) == 4, float4, double2>::type;
+  constexpr int kPerVec = 16 / sizeof(T);
+  static_assert(N % kPerVec == 0, "tile must be whole 16-byte vectors");
+#pragma unroll
+  for (int i = 0; i < N / kPerVec; ++i) {
+    const Vec t = reinterpret_cast<const Vec*>(s)[i];
+    memcpy(&v[i * kPerVec], &t, sizeof(Vec));
+  }
+}
+
+// Compile-time value when the template argument is non-zero, else the
+// run-time one: lets one kernel body serve specialised and generic sizes.
+template <int kStatic>
+__device__ __forceinline__ int static_or(int dynamic_value) {
+  return kStatic > 0 ? kStatic : dynamic_value;
+}
+
+// Width of a block's 2-D pixel tile (kThreads pixels, one per thread).
+// Narrow rows would waste most of a 32-wide tile, so trade width for height.
+inline int pick_pixel_tile_w(int64_t row_width) {
+  if (row_width >= 24) return 32;
+  if (row_width >= 12) return 16;
+  return 8;
+}
+
+// Raises a kernel's dynamic shared-memory limit when a launch needs more
+// than the default 48 KiB (only very wide generic kernels do).
+template <typename Kernel>
+void ensure_dynamic_smem(Kernel kernel, size_t bytes) {
+  constexpr size_t kDefaultLimit = 48 * 1024;
+  if (bytes <= kDefaultLimit) return;
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(bytes <= prop->sharedMemPerBlockOptin,
+              "conv2d_ext: this kernel size needs ", bytes,
+              " bytes of shared memory per block, more than the ",
+              prop->sharedMemPerBlockOptin, " this GPU allows");
+  C10_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(bytes)));
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext

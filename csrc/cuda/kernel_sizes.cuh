@@ -1,0 +1,42 @@
+// Every kernel-size specialisation of the CUDA passes, in one list.
+//
+// A specialised instantiation knows (KH, KW) at compile time, so its tap
+// loops unroll and its register tiles are sized exactly; every other size
+// runs the generic instantiation (0, 0), which reads them from ConvParams.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#define CONV2D_EXT_FOR_EACH_KERNEL_SIZE(X) \
+  X(1, 1)                                  \
+  X(3, 3)                                  \
+  X(5, 9)                                  \
+  X(7, 7)
+
+namespace conv2d_ext {
+namespace cuda {
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+// Calls fn(Int<KH>{}, Int<KW>{}) with the matching specialisation, or with
+// Int<0>{} twice for the generic kernel. float64 always takes the generic
+// path: it exists for gradcheck, not for speed, and this halves build time.
+template <typename Fn>
+void dispatch_kernel_size(int64_t kernel_h, int64_t kernel_w,
+                          bool specialise, Fn&& fn) {
+  if (specialise) {
+#define CONV2D_EXT_TRY_SIZE(H, W)             \
+  if (kernel_h == (H) && kernel_w == (W)) { \
+    fn(Int<H>{}, Int<W>{});                 \
+    return;                                 \
+  }
+    CONV2D_EXT_FOR_EACH_KERNEL_SIZE(CONV2D_EXT_TRY_SIZE)
+#undef CONV2D_EXT_TRY_SIZE
+  }
+  fn(Int<0>{}, Int<0>{});
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext

@@ -1,0 +1,41 @@
+// The one place where each call picks its algorithm and arithmetic.
+//
+// Every pass asks choose_plan(); new kernels (tensor-core implicit GEMM,
+// depthwise, ...) plug in here and nowhere else.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "conv_params.h"
+
+namespace conv2d_ext {
+
+enum class Pass { kFprop, kDgrad, kWgrad };
+
+// How float32 products are formed. kIEEE must be FP32-accurate; kTF32 may
+// round operands to TF32 (PyTorch's default for convolutions).
+enum class MathMode { kIEEE, kTF32 };
+
+enum class Algo {
+  kDirect,  // FFMA direct convolution: every dtype, every shape, every GPU
+};
+
+struct Plan {
+  Algo algo;
+  MathMode math;
+};
+
+// PyTorch's convolution precision flag (torch.backends.cudnn.allow_tf32 or
+// torch.backends.cudnn.conv.fp32_precision), read at call time.
+bool allow_tf32_conv();
+
+// The arithmetic a call in `dtype` runs in now: kTF32 only for float32 with
+// the flag set.
+MathMode math_mode(at::ScalarType dtype);
+
+Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype);
+
+const char* to_string(Algo algo);
+const char* to_string(MathMode math);
+
+}  // namespace conv2d_ext

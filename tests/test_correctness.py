@@ -1,0 +1,110 @@
+"""Forward and both gradients against float64 F.conv2d on varied shapes."""
+import random
+
+import pytest
+import torch
+
+import conv2d_ext
+from utils import DEVICES, HAS_CUDA, precision_of, reduction_lengths, reference, rel_err, tolerance
+
+# (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation, groups, bias):
+# every specialised kernel size, the generic path, each parameter alone and
+# in combination.
+HAND_PICKED = [
+    (2, 3, 11, 13, 4, (5, 9), 1, 0, 1, 1, False),  # workload a's kernel
+    (1, 4, 17, 23, 5, (5, 9), 1, (2, 4), (2, 3), 1, True),  # workload b
+    (2, 6, 9, 14, 7, (3, 3), 1, 1, 1, 1, True),  # workload c's kernel
+    (1, 5, 8, 8, 3, (1, 1), 1, 0, 1, 1, True),
+    (2, 4, 15, 12, 6, (7, 7), 2, 3, 1, 1, False),  # stem
+    (1, 3, 10, 9, 4, (3, 5), (2, 1), (1, 2), 1, 1, True),
+    (2, 2, 7, 19, 3, (1, 7), (1, 3), (0, 3), (1, 2), 1, False),
+    (1, 3, 9, 8, 2, (2, 2), 2, 0, 1, 1, True),
+    (2, 8, 10, 11, 8, (3, 3), 1, 1, 1, 8, True),  # depthwise
+    (1, 4, 9, 9, 8, (3, 3), (2, 2), 1, 1, 4, False),  # depth multiplier 2
+    (1, 6, 13, 7, 9, (3, 3), (3, 2), (2, 1), (3, 2), 3, True),  # grouped
+    (1, 16, 9, 34, 20, (3, 3), 1, 1, 1, 1, False),  # channel tiles 16 + 4
+    (3, 2, 31, 40, 33, (5, 9), (1, 2), (2, 4), (1, 1), 1, True),  # > 1 tile
+    (1, 3, 12, 12, 2, (4, 6), (1, 1), (3, 2), (2, 1), 1, True),  # generic
+    (2, 4, 6, 6, 4, (6, 6), 1, 0, 1, 2, False),  # kernel == input
+    (1, 1, 1, 1, 1, (1, 1), 1, 0, 1, 1, True),
+]
+
+
+def _random_case(rng):
+    groups = rng.choice([1, 1, 2, 3])
+    cin = groups * rng.randint(1, 5)
+    cout = groups * rng.randint(1, 6)
+    kh, kw = rng.randint(1, 6), rng.randint(1, 9)
+    stride = (rng.randint(1, 3), rng.randint(1, 3))
+    dilation = (rng.randint(1, 3), rng.randint(1, 3))
+    padding = (rng.randint(0, 3), rng.randint(0, 4))
+    h = max(dilation[0] * (kh - 1) + 1 - 2 * padding[0], 1) + rng.randint(0, 12)
+    w = max(dilation[1] * (kw - 1) + 1 - 2 * padding[1], 1) + rng.randint(0, 12)
+    return (rng.randint(1, 3), cin, h, w, cout, (kh, kw), stride, padding, dilation, groups, rng.random() < 0.5)
+
+
+RANDOM = [_random_case(random.Random(seed)) for seed in range(24)]
+CASES = HAND_PICKED + RANDOM
+
+
+def _run(case, device, dtype):
+    n, cin, h, w, cout, k, stride, padding, dilation, groups, bias = case
+    x = torch.randn(n, cin, h, w, device=device, dtype=dtype, requires_grad=True)
+    wt = torch.randn(cout, cin // groups, *k, device=device, dtype=dtype, requires_grad=True)
+    b = torch.randn(cout, device=device, dtype=dtype, requires_grad=True) if bias else None
+    y = conv2d_ext.conv2d(x, wt, b, stride, padding, dilation, groups)
+    gy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, wt] + ([b] if bias else []), gy)
+    refs = reference(x, wt, b, stride, padding, dilation, groups, grad_out=gy)
+    precision = precision_of(dtype, device)
+    k_fprop, k_dgrad, k_wgrad = reduction_lengths(x, wt, y)
+    checks = [("forward", y, refs[0], k_fprop), ("grad_input", grads[0], refs[1], k_dgrad),
+              ("grad_weight", grads[1], refs[2], k_wgrad)]
+    if bias:
+        checks.append(("grad_bias", grads[2], refs[3], k_wgrad))
+    for name, out, ref, length in checks:
+        err = rel_err(out, ref)
+        tol = tolerance(dtype, precision, length)
+        assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g} for {case} ({precision})"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_against_float64(case, device, dtype):
+    _run(case, device, dtype)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_cuda_float32_both_precisions(case, precision):
+    _run(case, "cuda", torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unbatched_input(device):
+    x = torch.randn(3, 10, 11, device=device)
+    w = torch.randn(4, 3, 3, 3, device=device)
+    y = conv2d_ext.conv2d(x, w, padding=1)
+    assert y.shape == (4, 10, 11)
+    ref = reference(x.unsqueeze(0), w, None, 1, 1, 1, 1)[0]
+    assert rel_err(y, ref) <= tolerance(torch.float32, precision_of(torch.float32, device), 27)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel,dilation", [((3, 3), 1), ((4, 2), 1), ((2, 5), (2, 1)), ((3, 4), (1, 3))])
+def test_padding_strings(device, kernel, dilation):
+    x = torch.randn(2, 3, 9, 10, device=device, dtype=torch.float64)
+    w = torch.randn(5, 3, *kernel, device=device, dtype=torch.float64)
+    for padding in ("same", "valid"):
+        y = conv2d_ext.conv2d(x, w, None, 1, padding, dilation)
+        ref = torch.nn.functional.conv2d(x.cpu(), w.cpu(), None, 1, padding, dilation)
+        assert y.shape == ref.shape
+        assert rel_err(y, ref) <= tolerance(torch.float64, "ieee", 3 * kernel[0] * kernel[1])
+
+
+def test_torch_ops_entry_point():
+    x = torch.randn(1, 2, 8, 8, dtype=torch.float64)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.float64)
+    y = torch.ops.conv2d_ext.conv2d(x, w, None, [1, 1], [1, 1], [1, 1], 1)
+    assert rel_err(y, reference(x, w, None, 1, 1, 1, 1)) <= tolerance(torch.float64, "ieee", 18)

@@ -1,0 +1,65 @@
+"""Shared helpers: float64 references, error measure and tolerances."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
+
+# Unit roundoff of an operand and of the accumulator.
+_UNIT = {
+    ("float64", "ieee"): (2.0**-53, 2.0**-53),
+    ("float32", "ieee"): (2.0**-24, 2.0**-24),
+    ("float32", "tf32"): (2.0**-11, 2.0**-24),
+}
+
+
+def tolerance(dtype, precision, reduction_len):
+    """Bound on the relative L2 error of a sum of `reduction_len` products:
+    operand rounding (independent of length) plus accumulation error, which
+    grows like sqrt(length) for random data."""
+    u_in, u_acc = _UNIT[(str(dtype).split(".")[-1], precision)]
+    return 8 * u_in + 8 * u_acc * math.sqrt(max(reduction_len, 1))
+
+
+def rel_err(out, ref):
+    """||out - ref|| / ||ref|| in float64; NaN anywhere gives NaN (fails)."""
+    out = out.detach().to(torch.float64).cpu()
+    ref = ref.detach().to(torch.float64).cpu()
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    if not torch.isfinite(out).all():
+        return float("nan")
+    denom = ref.norm().item()
+    diff = (out - ref).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def reference(x, w, b, stride, padding, dilation, groups, grad_out=None):
+    """F.conv2d in float64 on the CPU; with grad_out, also the gradients of
+    input, weight and bias."""
+    x64 = x.detach().double().cpu().requires_grad_(grad_out is not None)
+    w64 = w.detach().double().cpu().requires_grad_(grad_out is not None)
+    b64 = None if b is None else b.detach().double().cpu().requires_grad_(grad_out is not None)
+    y = F.conv2d(x64, w64, b64, stride, padding, dilation, groups)
+    if grad_out is None:
+        return y.detach()
+    inputs = [x64, w64] + ([b64] if b64 is not None else [])
+    grads = torch.autograd.grad(y, inputs, grad_out.detach().double().cpu())
+    return (y.detach(), *grads)
+
+
+def reduction_lengths(x, w, y):
+    """Reduction length of forward, dgrad and wgrad."""
+    cin_g, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    cout_g = w.shape[0] * cin_g // x.shape[1]
+    return cin_g * kh * kw, cout_g * kh * kw, y.shape[0] * y.shape[2] * y.shape[3]
+
+
+def precision_of(dtype, device):
+    """The precision mode the op runs in for this dtype and device."""
+    if dtype == torch.float32 and device == "cuda" and torch.backends.cudnn.allow_tf32:
+        return "tf32"
+    return "ieee"
