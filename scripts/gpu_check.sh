@@ -27,6 +27,15 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   fi
   echo "build: $(( $(date +%s) - start )) s"
 fi
+# A compiler that links libstdc++ statically into the module gives it a
+# second C++ runtime, and the first error message it formats crashes the
+# process. Refuse such a build rather than run the tests on it.
+module=$(ls conv2d_ext/_C*.so 2>/dev/null | head -n 1)
+if [ -n "$module" ] && ! ldd "$module" | grep -q libstdc++; then
+  echo "BUILD UNUSABLE: $module carries its own static libstdc++ (compiler: ${CXX:-c++});"
+  echo "set CXX and CC to a compiler that links libstdc++ dynamically, and rebuild"
+  exit 1
+fi
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   start=$(date +%s)

@@ -20,26 +20,42 @@ _UNIT = {
 def tolerance(dtype, precision, reduction_len):
     """Bound on the relative L2 error of a sum of `reduction_len` products:
     operand rounding (independent of length) plus accumulation error, which
-    grows like sqrt(length) for random data."""
-    u_in, u_acc = _UNIT[(str(dtype).split(".")[-1], precision)]
-    return 8 * u_in + 8 * u_acc * math.sqrt(max(reduction_len, 1))
+    grows like sqrt(length) for random data. In float64 the reference is no
+    more precise than the result, so its own error is allowed for too."""
+    name = str(dtype).split(".")[-1]
+    u_in, u_acc = _UNIT[(name, precision)]
+    factor = 32 if name == "float64" else 8
+    return factor * (u_in + u_acc * math.sqrt(max(reduction_len, 1)))
 
 
-def rel_err(out, ref):
-    """||out - ref|| / ||ref|| in float64; NaN anywhere gives NaN (fails)."""
+def rel_err(out, ref, magnitude=None, reduction_len=1):
+    """||out - ref|| / ||ref|| in float64; NaN anywhere gives NaN (fails).
+
+    With `magnitude` (the same computation on absolute values), the
+    denominator is floored at ||magnitude|| / sqrt(reduction_len), the size
+    of a random sum of such terms: a result that cancels to near zero (a
+    single bias gradient, say) then cannot fail on rounding alone."""
     out = out.detach().to(torch.float64).cpu()
     ref = ref.detach().to(torch.float64).cpu()
     assert out.shape == ref.shape, (out.shape, ref.shape)
     if not torch.isfinite(out).all():
         return float("nan")
     denom = ref.norm().item()
+    if magnitude is not None:
+        floor = magnitude.detach().to(torch.float64).cpu().norm().item() / math.sqrt(max(reduction_len, 1))
+        denom = max(denom, floor)
     diff = (out - ref).norm().item()
     return diff / denom if denom > 0 else diff
 
 
-def reference(x, w, b, stride, padding, dilation, groups, grad_out=None):
+def reference(x, w, b, stride, padding, dilation, groups, grad_out=None, absolute=False):
     """F.conv2d in float64 on the CPU; with grad_out, also the gradients of
-    input, weight and bias."""
+    input, weight and bias. With absolute=True, the same on the absolute
+    values of every operand: the magnitudes rel_err() scales by."""
+    if absolute:
+        x, w = x.abs(), w.abs()
+        b = None if b is None else b.abs()
+        grad_out = None if grad_out is None else grad_out.abs()
     x64 = x.detach().double().cpu().requires_grad_(grad_out is not None)
     w64 = w.detach().double().cpu().requires_grad_(grad_out is not None)
     b64 = None if b is None else b.detach().double().cpu().requires_grad_(grad_out is not None)
