@@ -1,0 +1,50 @@
+"""Package-level behaviour: version, build info, import diagnostics, benchmark CLI."""
+import json
+
+import pytest
+import torch
+
+import conv2d_ext
+from conv2d_ext import _loader, benchmark
+
+
+def test_version_and_build_info():
+    info = conv2d_ext.build_info()
+    assert info["version"] == conv2d_ext.__version__
+    assert info["torch"] is not None  # written by setup.py at build time
+    assert (info["cuda"] is None) == (info["cuda_archs"] is None)
+
+
+def test_import_failure_names_both_versions(monkeypatch):
+    def fail(name, package=None):
+        raise ImportError("_C.abi3.so: undefined symbol: _ZN3c104impl3cow11cow_deleterEPv")
+
+    monkeypatch.setattr(_loader.importlib, "import_module", fail)
+    monkeypatch.setattr(_loader, "build_info", lambda: {
+        "version": "0.1.0", "torch": "2.9.0+cu128", "cuda": "12.8", "cuda_archs": "9.0"})
+    with pytest.raises(ImportError) as excinfo:
+        _loader.load_library()
+    message = str(excinfo.value)
+    assert "built for torch 2.9.0+cu128 (CUDA 12.8)" in message
+    assert f"runs torch {torch.__version__}" in message
+    assert "undefined symbol" in message
+
+
+def test_benchmark_cli_writes_records(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    benchmark.main(["--device", "cpu", "--shapes", "grouped_3x3", "--quick", "--json", str(out)])
+    table = capsys.readouterr().out
+    assert "grouped_3x3" in table and "speedup" in table
+    data = json.loads(out.read_text())
+    for key in ("device", "torch", "cuda", "cudnn"):
+        assert key in data
+    assert {r["pass"] for r in data["records"]} == {"forward", "backward_input", "backward_weight"}
+    for r in data["records"]:
+        for key in ("shape", "precision", "ext_ms", "torch_ms", "speedup", "ext_rel_err", "torch_rel_err"):
+            assert key in r
+        assert r["ext_rel_err"] < 1e-5 and r["ext_ms"] > 0
+
+
+def test_benchmark_rejects_unknown_shape():
+    with pytest.raises(SystemExit, match="unknown shape"):
+        benchmark.main(["--device", "cpu", "--shapes", "nope"])
