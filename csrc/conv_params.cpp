@@ -116,6 +116,19 @@ void check_4d(const char* what, const char* op, const at::Tensor& t) {
               ", but got ", what, " of size: ", t.sizes());
 }
 
+// A backward pass's grad_output must have the forward output's shape.
+void check_grad_output_size(const char* op, const at::Tensor& grad_output,
+                            const ConvParams& p, c10::IntArrayRef input_size,
+                            c10::IntArrayRef weight_size) {
+  const std::array<int64_t, 4> expected{p.batch, p.out_channels, p.out_h,
+                                        p.out_w};
+  TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(expected), op,
+              ": grad_output of size ", grad_output.sizes(),
+              " does not match the output size ", c10::IntArrayRef(expected),
+              " of a convolution of input", input_size, " with weight",
+              weight_size);
+}
+
 }  // namespace
 
 ConvParams make_fprop_params(const at::Tensor& input, const at::Tensor& weight,
@@ -163,13 +176,7 @@ ConvParams make_dgrad_params(const at::Tensor& grad_output,
   ConvParams p;
   set_geometry(p, stride, padding, dilation, groups);
   set_shapes(p, input_size, weight.sizes());
-  const std::array<int64_t, 4> expected{p.batch, p.out_channels, p.out_h,
-                                        p.out_w};
-  TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(expected), op,
-              ": grad_output of size ", grad_output.sizes(),
-              " does not match the output size ", c10::IntArrayRef(expected),
-              " of a convolution of input", input_size, " with weight",
-              weight.sizes());
+  check_grad_output_size(op, grad_output, p, input_size, weight.sizes());
   return p;
 }
 
@@ -189,13 +196,7 @@ ConvParams make_wgrad_params(const at::Tensor& grad_output,
   ConvParams p;
   set_geometry(p, stride, padding, dilation, groups);
   set_shapes(p, input.sizes(), weight_size);
-  const std::array<int64_t, 4> expected{p.batch, p.out_channels, p.out_h,
-                                        p.out_w};
-  TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(expected), op,
-              ": grad_output of size ", grad_output.sizes(),
-              " does not match the output size ", c10::IntArrayRef(expected),
-              " of a convolution of input", input.sizes(), " with weight",
-              weight_size);
+  check_grad_output_size(op, grad_output, p, input.sizes(), weight_size);
   return p;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../conv_params.h"
+#include "../pass_entry.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -65,20 +66,16 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                      c10::IntArrayRef padding,
                                      c10::IntArrayRef dilation,
                                      int64_t groups) {
-  const ConvParams p = make_dgrad_params(grad_output, weight, input_size,
-                                         stride, padding, dilation, groups);
-  at::Tensor grad_in = empty_output(input_size, grad_output.options());
-  if (grad_in.numel() == 0) return grad_in;
-  const at::Tensor go = grad_output.contiguous();
-  const at::Tensor w = weight.contiguous();
-  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "conv2d_ext_dgrad_cpu",
-                             [&] {
-                               dgrad_direct<scalar_t>(
-                                   p, go.data_ptr<scalar_t>(),
-                                   w.data_ptr<scalar_t>(),
-                                   grad_in.data_ptr<scalar_t>());
-                             });
-  return grad_in;
+  return dgrad_entry(
+      grad_output, weight, input_size, stride, padding, dilation, groups,
+      [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
+         at::Tensor& grad_in) {
+        AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_dgrad_cpu", [&] {
+          dgrad_direct<scalar_t>(p, go.data_ptr<scalar_t>(),
+                                 w.data_ptr<scalar_t>(),
+                                 grad_in.data_ptr<scalar_t>());
+        });
+      });
 }
 
 }  // namespace

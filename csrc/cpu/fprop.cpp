@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../conv_params.h"
+#include "../pass_entry.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -61,21 +62,17 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
                       const c10::optional<at::Tensor>& bias,
                       c10::IntArrayRef stride, c10::IntArrayRef padding,
                       c10::IntArrayRef dilation, int64_t groups) {
-  const ConvParams p = make_fprop_params(input, weight, bias, stride, padding,
-                                         dilation, groups);
-  const bool has_bias = bias.has_value() && bias->defined();
-  at::Tensor y = empty_output({p.batch, p.out_channels, p.out_h, p.out_w},
-                              input.options());
-  if (y.numel() == 0) return y;
-  const at::Tensor x = input.contiguous();
-  const at::Tensor w = weight.contiguous();
-  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "conv2d_ext_fprop_cpu", [&] {
-    fprop_direct<scalar_t>(p, x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-                           has_bias ? b.data_ptr<scalar_t>() : nullptr,
-                           y.data_ptr<scalar_t>());
-  });
-  return y;
+  return fprop_entry(
+      input, weight, bias, stride, padding, dilation, groups,
+      [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+         const at::Tensor& b, at::Tensor& y) {
+        AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop_cpu", [&] {
+          fprop_direct<scalar_t>(
+              p, x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+              b.defined() ? b.data_ptr<scalar_t>() : nullptr,
+              y.data_ptr<scalar_t>());
+        });
+      });
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../conv_params.h"
+#include "../pass_entry.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -64,20 +65,16 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
                                       c10::IntArrayRef padding,
                                       c10::IntArrayRef dilation,
                                       int64_t groups) {
-  const ConvParams p = make_wgrad_params(grad_output, input, weight_size,
-                                         stride, padding, dilation, groups);
-  at::Tensor grad_w = empty_output(weight_size, grad_output.options());
-  if (grad_w.numel() == 0) return grad_w;
-  const at::Tensor go = grad_output.contiguous();
-  const at::Tensor x = input.contiguous();
-  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "conv2d_ext_wgrad_cpu",
-                             [&] {
-                               wgrad_direct<scalar_t>(
-                                   p, go.data_ptr<scalar_t>(),
-                                   x.data_ptr<scalar_t>(),
-                                   grad_w.data_ptr<scalar_t>());
-                             });
-  return grad_w;
+  return wgrad_entry(
+      grad_output, input, weight_size, stride, padding, dilation, groups,
+      [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
+         at::Tensor& grad_w) {
+        AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_wgrad_cpu", [&] {
+          wgrad_direct<scalar_t>(p, go.data_ptr<scalar_t>(),
+                                 x.data_ptr<scalar_t>(),
+                                 grad_w.data_ptr<scalar_t>());
+        });
+      });
 }
 
 }  // namespace

@@ -8,9 +8,9 @@
 // as [co, kh][kw][ci], the transpose the gather needs.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "../pass_entry.h"
 #include "../plan.h"
 #include "common.cuh"
 #include "kernel_sizes.cuh"
@@ -162,23 +162,18 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
                                       c10::IntArrayRef padding,
                                       c10::IntArrayRef dilation,
                                       int64_t groups) {
-  const ConvParams p = make_dgrad_params(grad_output, weight, input_size,
-                                         stride, padding, dilation, groups);
-  const c10::cuda::CUDAGuard guard(grad_output.device());
-  at::Tensor grad_in = empty_output(input_size, grad_output.options());
-  if (grad_in.numel() == 0) return grad_in;
-  const at::Tensor go = grad_output.contiguous();
-  const at::Tensor w = weight.contiguous();
-  const Plan plan = choose_plan(p, Pass::kDgrad, grad_output.scalar_type());
-  TORCH_CHECK(plan.algo == Algo::kDirect,
-              "conv2d_ext: no CUDA dgrad kernel for algorithm ",
-              to_string(plan.algo));
-  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "conv2d_ext_dgrad",
-                             [&] {
-                               launch_dgrad_direct<scalar_t>(p, go, w,
-                                                             grad_in);
-                             });
-  return grad_in;
+  return dgrad_entry(
+      grad_output, weight, input_size, stride, padding, dilation, groups,
+      [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
+         at::Tensor& grad_in) {
+        const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type());
+        TORCH_CHECK(plan.algo == Algo::kDirect,
+                    "conv2d_ext: no CUDA dgrad kernel for algorithm ",
+                    to_string(plan.algo));
+        AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_dgrad", [&] {
+          launch_dgrad_direct<scalar_t>(p, go, w, grad_in);
+        });
+      });
 }
 
 }  // namespace

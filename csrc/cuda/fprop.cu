@@ -9,9 +9,9 @@
 // reuse between neighbouring taps.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "../pass_entry.h"
 #include "../plan.h"
 #include "common.cuh"
 #include "kernel_sizes.cuh"
@@ -145,24 +145,19 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias,
                        c10::IntArrayRef stride, c10::IntArrayRef padding,
                        c10::IntArrayRef dilation, int64_t groups) {
-  const ConvParams p = make_fprop_params(input, weight, bias, stride, padding,
-                                         dilation, groups);
-  const bool has_bias = bias.has_value() && bias->defined();
-  const c10::cuda::CUDAGuard guard(input.device());
-  at::Tensor y = empty_output({p.batch, p.out_channels, p.out_h, p.out_w},
-                              input.options());
-  if (y.numel() == 0) return y;
-  const at::Tensor x = input.contiguous();
-  const at::Tensor w = weight.contiguous();
-  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
-  const Plan plan = choose_plan(p, Pass::kFprop, input.scalar_type());
-  TORCH_CHECK(plan.algo == Algo::kDirect, "conv2d_ext: no CUDA fprop kernel for algorithm ",
-              to_string(plan.algo));
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "conv2d_ext_fprop", [&] {
-    launch_fprop_direct<scalar_t>(
-        p, x, w, has_bias ? b.data_ptr<scalar_t>() : nullptr, y);
-  });
-  return y;
+  return fprop_entry(
+      input, weight, bias, stride, padding, dilation, groups,
+      [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+         const at::Tensor& b, at::Tensor& y) {
+        const Plan plan = choose_plan(p, Pass::kFprop, x.scalar_type());
+        TORCH_CHECK(plan.algo == Algo::kDirect,
+                    "conv2d_ext: no CUDA fprop kernel for algorithm ",
+                    to_string(plan.algo));
+        AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {
+          launch_fprop_direct<scalar_t>(
+              p, x, w, b.defined() ? b.data_ptr<scalar_t>() : nullptr, y);
+        });
+      });
 }
 
 }  // namespace

@@ -10,11 +10,11 @@
 // result is bitwise identical from run to run on the same GPU.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <limits>
 
+#include "../pass_entry.h"
 #include "../plan.h"
 #include "common.cuh"
 #include "kernel_sizes.cuh"
@@ -208,23 +208,18 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
                                        c10::IntArrayRef padding,
                                        c10::IntArrayRef dilation,
                                        int64_t groups) {
-  const ConvParams p = make_wgrad_params(grad_output, input, weight_size,
-                                         stride, padding, dilation, groups);
-  const c10::cuda::CUDAGuard guard(grad_output.device());
-  at::Tensor grad_w = empty_output(weight_size, grad_output.options());
-  if (grad_w.numel() == 0) return grad_w;
-  if (p.gemm_m() == 0) return grad_w.zero_();  // empty batch: nothing summed
-  const at::Tensor go = grad_output.contiguous();
-  const at::Tensor x = input.contiguous();
-  const Plan plan = choose_plan(p, Pass::kWgrad, grad_output.scalar_type());
-  TORCH_CHECK(plan.algo == Algo::kDirect,
-              "conv2d_ext: no CUDA wgrad kernel for algorithm ",
-              to_string(plan.algo));
-  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "conv2d_ext_wgrad",
-                             [&] {
-                               launch_wgrad_direct<scalar_t>(p, go, x, grad_w);
-                             });
-  return grad_w;
+  return wgrad_entry(
+      grad_output, input, weight_size, stride, padding, dilation, groups,
+      [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
+         at::Tensor& grad_w) {
+        const Plan plan = choose_plan(p, Pass::kWgrad, go.scalar_type());
+        TORCH_CHECK(plan.algo == Algo::kDirect,
+                    "conv2d_ext: no CUDA wgrad kernel for algorithm ",
+                    to_string(plan.algo));
+        AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_wgrad", [&] {
+          launch_wgrad_direct<scalar_t>(p, go, x, grad_w);
+        });
+      });
 }
 
 }  // namespace
