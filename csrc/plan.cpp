@@ -1,5 +1,7 @@
 #include "plan.h"
 
+#include "tile_config.h"
+
 #include <ATen/Context.h>
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
@@ -24,14 +26,20 @@ MathMode math_mode(at::ScalarType dtype) {
                                                     : MathMode::kIEEE;
 }
 
-Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype) {
-  (void)p;
-  (void)pass;
+Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   Plan plan;
   plan.math = math_mode(dtype);
-  // Only the FFMA direct kernels exist so far; they are FP32-accurate, so
-  // they serve both modes.
   plan.algo = Algo::kDirect;
+  // Tensor cores need a K step of 8 input channels and pay off from 8
+  // output channels per group; fewer channels per group (depthwise, RGB
+  // stems) stay on the direct kernels, which are FP32-accurate in both
+  // modes.
+  const bool tensor_core_shape = p.in_channels_per_group() >= 8 &&
+                                 p.out_channels_per_group() >= 8;
+  if (pass == Pass::kFprop && dtype == at::kFloat && sm >= 80 &&
+      tensor_core_shape && igemm_fprop::fits(p)) {
+    plan.algo = Algo::kImplicitGemm;
+  }
   return plan;
 }
 
@@ -39,6 +47,8 @@ const char* to_string(Algo algo) {
   switch (algo) {
     case Algo::kDirect:
       return "direct";
+    case Algo::kImplicitGemm:
+      return "implicit_gemm";
   }
   return "?";
 }

@@ -17,7 +17,8 @@ enum class Pass { kFprop, kDgrad, kWgrad };
 enum class MathMode { kIEEE, kTF32 };
 
 enum class Algo {
-  kDirect,  // FFMA direct convolution: every dtype, every shape, every GPU
+  kDirect,        // FFMA direct convolution: every dtype, every shape, every GPU
+  kImplicitGemm,  // tensor-core implicit GEMM (float32, sm_80+): TF32 or 3xTF32
 };
 
 struct Plan {
@@ -33,7 +34,8 @@ bool allow_tf32_conv();
 // the flag set.
 MathMode math_mode(at::ScalarType dtype);
 
-Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype);
+// `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
+Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 
 const char* to_string(Algo algo);
 const char* to_string(MathMode math);

@@ -29,6 +29,22 @@ HAND_PICKED = [
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1, 1, True),
 ]
 
+# Shapes for the tensor-core forward (>= 8 channels per group): partial
+# channel chunks, partial 64-channel tiles, partial 8x32 pixel tiles, every
+# specialised size and the generic one, strides, dilations, groups.
+TENSOR_CORE = [
+    (2, 8, 12, 40, 16, (5, 9), 1, 0, 1, 1, False),
+    (1, 12, 19, 45, 20, (5, 9), 1, (2, 4), (2, 3), 1, True),
+    (2, 16, 11, 37, 70, (3, 3), 1, 1, 1, 1, True),
+    (1, 24, 9, 33, 16, (1, 1), 1, 0, 1, 1, False),
+    (1, 8, 20, 50, 8, (7, 7), 2, 3, 1, 1, True),
+    (1, 32, 10, 35, 48, (3, 3), 1, 1, 1, 2, True),
+    (1, 16, 13, 40, 24, (4, 6), (1, 2), (2, 1), (2, 1), 1, False),
+    (2, 16, 8, 64, 16, (3, 3), (2, 1), 1, (1, 2), 1, True),
+    (1, 9, 5, 7, 9, (3, 3), 1, 1, 1, 1, True),
+]
+HAND_PICKED += TENSOR_CORE
+
 
 def _random_case(rng):
     groups = rng.choice([1, 1, 2, 3])

@@ -50,6 +50,12 @@ __device__ __forceinline__ int static_or(int dynamic_value) {
   return kStatic > 0 ? kStatic : dynamic_value;
 }
 
+// Compute capability of the current device as 10*major + minor.
+inline int current_sm() {
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  return prop->major * 10 + prop->minor;
+}
+
 // Width of a block's 2-D pixel tile (kThreads pixels, one per thread).
 // Narrow rows would waste most of a 32-wide tile, so trade width for height.
 inline int pick_pixel_tile_w(int64_t row_width) {

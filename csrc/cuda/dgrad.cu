@@ -166,7 +166,8 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
       grad_output, weight, input_size, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
          at::Tensor& grad_in) {
-        const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type());
+        const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type(),
+                                      current_sm());
         TORCH_CHECK(plan.algo == Algo::kDirect,
                     "conv2d_ext: no CUDA dgrad kernel for algorithm ",
                     to_string(plan.algo));

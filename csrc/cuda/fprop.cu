@@ -14,6 +14,7 @@
 #include "../pass_entry.h"
 #include "../plan.h"
 #include "common.cuh"
+#include "fprop_implicit_gemm.h"
 #include "kernel_sizes.cuh"
 
 namespace conv2d_ext {
@@ -149,7 +150,14 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
       input, weight, bias, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
          const at::Tensor& b, at::Tensor& y) {
-        const Plan plan = choose_plan(p, Pass::kFprop, x.scalar_type());
+        const Plan plan =
+            choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm());
+        if (plan.algo == Algo::kImplicitGemm) {
+          launch_fprop_implicit_gemm(
+              p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
+              plan.math);
+          return;
+        }
         TORCH_CHECK(plan.algo == Algo::kDirect,
                     "conv2d_ext: no CUDA fprop kernel for algorithm ",
                     to_string(plan.algo));

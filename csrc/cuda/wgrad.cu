@@ -212,7 +212,8 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
       grad_output, input, weight_size, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
          at::Tensor& grad_w) {
-        const Plan plan = choose_plan(p, Pass::kWgrad, go.scalar_type());
+        const Plan plan = choose_plan(p, Pass::kWgrad, go.scalar_type(),
+                                      current_sm());
         TORCH_CHECK(plan.algo == Algo::kDirect,
                     "conv2d_ext: no CUDA wgrad kernel for algorithm ",
                     to_string(plan.algo));

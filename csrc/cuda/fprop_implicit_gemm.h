@@ -1,0 +1,18 @@
+// Tensor-core implicit-GEMM forward (float32 only, sm_80 and newer).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "../conv_params.h"
+#include "../plan.h"
+
+namespace conv2d_ext {
+namespace cuda {
+
+// x, w contiguous float32; bias may be null. Chosen by choose_plan().
+void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
+                                const at::Tensor& w, const float* bias,
+                                at::Tensor& y, MathMode math);
+
+}  // namespace cuda
+}  // namespace conv2d_ext

@@ -1,0 +1,55 @@
+// Tile shapes of the tensor-core implicit-GEMM kernels, shared by the kernels
+// and by the plan that decides whether a problem fits them.
+#pragma once
+
+#include <cstdint>
+
+#include "conv_params.h"
+
+namespace conv2d_ext {
+namespace igemm_fprop {
+
+constexpr int kRows = 8;       // output rows per block, one warp each
+constexpr int kCols = 32;      // output columns per block: two m16 fragments
+constexpr int kCo = 64;        // output channels per block: eight n8 fragments
+constexpr int kChunk = 8;      // input channels per K step (one k8 MMA)
+constexpr int kThreads = 256;  // kRows warps
+constexpr int kMaxHaloPerThread = 4;  // halo positions a thread stages
+// Floats of one weight stage for one kernel column: 8 n-fragments x 32
+// lanes x 2 registers, in the order the lanes read them.
+constexpr int kWeightFloatsPerTap = kCo * kChunk;
+constexpr int64_t kMaxSmemBytes = 200 * 1024;
+
+struct Layout {
+  int halo_rows, halo_cols, plane;  // plane: halo_rows*halo_cols, padded
+  int chunks, co_tiles;
+  int64_t smem_bytes;
+};
+
+inline Layout layout(const ConvParams& p) {
+  Layout l;
+  l.halo_rows = static_cast<int>((kRows - 1) * p.stride_h +
+                                 (p.kernel_h - 1) * p.dilation_h + 1);
+  l.halo_cols = static_cast<int>((kCols - 1) * p.stride_w +
+                                 (p.kernel_w - 1) * p.dilation_w + 1);
+  // Lanes reading one A fragment touch 4 channel planes x 8 columns: a
+  // plane size of 8 mod 32 puts them in 32 different banks.
+  const int area = l.halo_rows * l.halo_cols;
+  l.plane = area + ((8 - area % 32) + 32) % 32;
+  l.chunks = static_cast<int>((p.in_channels_per_group() + kChunk - 1) / kChunk);
+  l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
+  l.smem_bytes = 4 * (2 * int64_t(kChunk) * l.plane +
+                      2 * p.kernel_w * int64_t(kWeightFloatsPerTap));
+  return l;
+}
+
+// Whether the tile machinery covers this problem (any kernel size whose
+// halo and weight stages fit).
+inline bool fits(const ConvParams& p) {
+  const Layout l = layout(p);
+  return int64_t(l.halo_rows) * l.halo_cols <= int64_t(kThreads) * kMaxHaloPerThread &&
+         l.smem_bytes <= kMaxSmemBytes;
+}
+
+}  // namespace igemm_fprop
+}  // namespace conv2d_ext
