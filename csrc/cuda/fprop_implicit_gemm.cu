@@ -29,13 +29,14 @@ namespace cfg = igemm_fprop;
 
 // Weights [Cout][Cin/g][KH][KW] -> per (group, co tile):
 // [chunk][kh][kw][pair of n-fragments (4)][lane (32)][b0, b1 of fragment
-// 2*pair, b0, b1 of fragment 2*pair+1], zero outside the real channels.
+// 2*pair, b0, b1 of fragment 2*pair+1], zero outside the real channels,
+// already rounded to TF32 in TF32 mode.
 // A lane then loads its B fragments for two n-fragments with one 16-byte
 // read, and one kernel row of one chunk is a contiguous stage.
 __global__ void __launch_bounds__(kThreads)
     rearrange_weights_kernel(const ConvParams p, const float* __restrict__ w,
                              float* __restrict__ out, int chunks, int co_tiles,
-                             int64_t total) {
+                             int64_t total, bool round_tf32) {
   const int KH = p.kernel_h, KW = p.kernel_w;
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(kThreads)
     float v = 0.f;
     if (co < cout_g && ci < cin_g) {
       v = w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + kh * KW + kw];
+      if (round_tf32) v = __uint_as_float(tf32_round(v));
     }
     out[e] = v;
   }
@@ -97,7 +99,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[2][8][4],
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         if constexpr (kMath == TcMath::kTF32) {
-          b_big[i] = tf32_round(raw[h][i]);
+          b_big[i] = __float_as_uint(raw[h][i]);  // rounded when rearranged
         } else {
           tf32_split(raw[h][i], b_big[i], b_small[i]);
         }
@@ -105,10 +107,19 @@ __device__ __forceinline__ void mma_step(float (&acc)[2][8][4],
 #pragma unroll
       for (int f = 0; f < 2; ++f) {
         if constexpr (kMath == TcMath::k3xTF32) {
-          mma_tf32(acc[f][j], a_small[f], b_big);
-          mma_tf32(acc[f][j], a_big[f], b_small);
+          // The tensor cores truncate when they accumulate, a bias that
+          // grows with the length of an accumulation chain. Each k step
+          // therefore starts from zero (small products first, then
+          // big*big), and steps are summed with round-to-nearest FADDs.
+          float step[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_tf32(step, a_small[f], b_big);
+          mma_tf32(step, a_big[f], b_small);
+          mma_tf32(step, a_big[f], b_big);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[f][j][i] += step[i];
+        } else {
+          mma_tf32(acc[f][j], a_big[f], b_big);
         }
-        mma_tf32(acc[f][j], a_big[f], b_big);
       }
     }
   }
@@ -278,7 +289,8 @@ void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
   at::Tensor w_frag = at::empty({total}, w.options());
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
-      p, w.data_ptr<float>(), w_frag.data_ptr<float>(), L.chunks, L.co_tiles, total);
+      p, w.data_ptr<float>(), w_frag.data_ptr<float>(), L.chunks, L.co_tiles, total,
+      math == MathMode::kTF32);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const dim3 grid(ceil_div(p.out_h, cfg::kRows) * ceil_div(p.out_w, cfg::kCols),
