@@ -70,13 +70,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One k8 step of the warp tile: A (2 m-fragments) from registers, B (8
-// n-fragments) read pairwise from the staged weights. Operands are rounded
+// n-fragments) read pairwise from the staged weights (wb: this lane's
+// first 16 bytes of the tap). Operands are rounded
 // or split one B fragment at a time to keep register pressure down.
 template <TcMath kMath>
 __device__ __forceinline__ void mma_step(float (&acc)[2][8][4],
                                          const float (&a)[2][4],
-                                         const float4* __restrict__ wb,
-                                         int lane) {
+                                         const float4* __restrict__ wb) {
   uint32_t a_big[2][4], a_small[2][4];
 #pragma unroll
   for (int f = 0; f < 2; ++f)
@@ -90,7 +90,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[2][8][4],
     }
 #pragma unroll
   for (int pr = 0; pr < 4; ++pr) {
-    const float4 v = wb[pr * 32 + lane];
+    const float4 v = wb[pr * 32];  // wb already points at this lane
     const float raw[2][2] = {{v.x, v.y}, {v.z, v.w}};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -141,9 +141,12 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   const int sh = p.stride_h, sw = p.stride_w;
   const int dh = p.dilation_h, dw = p.dilation_w;
   const int stage_floats = KW * cfg::kWeightFloatsPerTap;
-  float* halo_buf[2] = {smem, smem + cfg::kChunk * L.plane};
-  float* w_buf[2] = {smem + 2 * cfg::kChunk * L.plane,
-                     smem + 2 * cfg::kChunk * L.plane + stage_floats};
+  // Buffers as offsets from `smem`, not as an array of pointers: indexing a
+  // pointer array loses the shared address space and turns every operand
+  // read into a generic load with 64-bit address arithmetic.
+  const int halo_floats = cfg::kChunk * L.plane;
+  auto halo_at = [&](int buf) { return buf * halo_floats; };
+  auto weights_at = [&](int buf) { return 2 * halo_floats + buf * stage_floats; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grp = lane >> 2, tig = lane & 3;
@@ -168,10 +171,11 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
     pos_slot[i] = hr * L.halo_cols + hc;
   }
 
-  // Shared-memory offsets of this lane's A elements for tap (0, 0); a tap
-  // adds kh*dh rows and kw*dw columns.
-  const int a_col0 = grp * sw, a_col1 = (grp + 8) * sw;
-  const int a_row = warp * sh * L.halo_cols;
+  // Offset of this lane's first A element for tap (0, 0) in a halo buffer;
+  // a tap adds kh*dh rows and kw*dw columns. The other seven elements sit
+  // 8 columns, 4 channel planes and 16 columns (second m fragment) away.
+  const int a_lane = warp * sh * L.halo_cols + tig * L.plane + grp * sw;
+  const int a_next_col = 8 * sw, a_next_ch = 4 * L.plane, a_next_frag = 16 * sw;
 
   const int stages = L.chunks * KH;
   for (int gy = blockIdx.y; gy < p.groups * L.co_tiles; gy += gridDim.y) {
@@ -183,7 +187,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
     for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
       const float* x_img =
           x + (int64_t(n) * p.in_channels + int64_t(g) * cin_g) * HW;
-      auto load_halo = [&](int chunk, float* dst) {
+      auto load_halo = [&](int chunk, float* dst) {  // dst: a halo buffer
         // Not unrolled: the compiler would keep all 32 source addresses
         // live across the main loop.
 #pragma unroll 1
@@ -215,36 +219,36 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
           for (int i = 0; i < 4; ++i) acc[f][j][i] = 0.f;
 
       __syncthreads();  // buffers free (previous image or channel tile)
-      load_halo(0, halo_buf[0]);
-      load_weights(0, w_buf[0]);
+      load_halo(0, smem + halo_at(0));
+      load_weights(0, smem + weights_at(0));
       cp_async_commit();
       for (int s = 0; s < stages; ++s) {
         const int chunk = s / KH, kh = s - chunk * KH;
         if (s + 1 < stages) {
           // The next chunk's halo goes in during this chunk's last row.
-          if ((s + 1) % KH == 0) load_halo(chunk + 1, halo_buf[(chunk + 1) & 1]);
-          load_weights(s + 1, w_buf[(s + 1) & 1]);
+          if ((s + 1) % KH == 0) load_halo(chunk + 1, smem + halo_at((chunk + 1) & 1));
+          load_weights(s + 1, smem + weights_at((s + 1) & 1));
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const float* hb = halo_buf[chunk & 1] + a_row + kh * dh * L.halo_cols;
-        const float4* wb = reinterpret_cast<const float4*>(w_buf[s & 1]);
+        const int a_stage = halo_at(chunk & 1) + a_lane + kh * dh * L.halo_cols;
+        const float4* wb = reinterpret_cast<const float4*>(smem + weights_at(s & 1)) + lane;
         // Not unrolled: an unrolled tap loop hoists every tap's loads and
         // runs out of registers.
 #pragma unroll 1
         for (int kw = 0; kw < KW; ++kw) {
-          const float* hk = hb + kw * dw;
+          const int o = a_stage + kw * dw;
           float a[2][4];
 #pragma unroll
           for (int f = 0; f < 2; ++f) {
-            const int fo = f * 16 * sw;
-            a[f][0] = hk[tig * L.plane + fo + a_col0];
-            a[f][1] = hk[tig * L.plane + fo + a_col1];
-            a[f][2] = hk[(tig + 4) * L.plane + fo + a_col0];
-            a[f][3] = hk[(tig + 4) * L.plane + fo + a_col1];
+            const int of = o + f * a_next_frag;
+            a[f][0] = smem[of];
+            a[f][1] = smem[of + a_next_col];
+            a[f][2] = smem[of + a_next_ch];
+            a[f][3] = smem[of + a_next_ch + a_next_col];
           }
-          mma_step<kMath>(acc, a, wb + kw * 4 * 32, lane);
+          mma_step<kMath>(acc, a, wb + kw * 4 * 32);
         }
         __syncthreads();  // stage consumed before it is refilled
       }
