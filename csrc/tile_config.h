@@ -23,8 +23,13 @@ constexpr int64_t kMaxSmemBytes = 200 * 1024;
 struct Layout {
   int halo_rows, halo_cols, plane;  // plane: halo_rows*halo_cols, padded
   int chunks, co_tiles;
+  // Kernel rows per pipeline stage: all of them for small kernels, so that
+  // a 3x3 stage holds 9 taps of MMAs between barriers rather than 3.
+  int rows_per_stage;
   int64_t smem_bytes;
 };
+
+constexpr int kMaxTapsPerStage = 16;
 
 inline Layout layout(const ConvParams& p) {
   Layout l;
@@ -38,8 +43,11 @@ inline Layout layout(const ConvParams& p) {
   l.plane = area + ((8 - area % 32) + 32) % 32;
   l.chunks = static_cast<int>((p.in_channels_per_group() + kChunk - 1) / kChunk);
   l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
+  l.rows_per_stage = p.kernel_h * p.kernel_w <= kMaxTapsPerStage
+                         ? static_cast<int>(p.kernel_h) : 1;
   l.smem_bytes = 4 * (2 * int64_t(kChunk) * l.plane +
-                      2 * p.kernel_w * int64_t(kWeightFloatsPerTap));
+                      2 * l.rows_per_stage * p.kernel_w *
+                          int64_t(kWeightFloatsPerTap));
   return l;
 }
 

@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   const int cout_g = p.out_channels_per_group();
   const int sh = p.stride_h, sw = p.stride_w;
   const int dh = p.dilation_h, dw = p.dilation_w;
-  const int stage_floats = KW * cfg::kWeightFloatsPerTap;
+  const int rows_per_stage = L.rows_per_stage;
+  const int stage_floats = rows_per_stage * KW * cfg::kWeightFloatsPerTap;
   // Buffers as offsets from `smem`, not as an array of pointers: indexing a
   // pointer array loses the shared address space and turns every operand
   // read into a generic load with 64-bit address arithmetic.
@@ -177,7 +178,8 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   const int a_lane = warp * sh * L.halo_cols + tig * L.plane + grp * sw;
   const int a_next_col = 8 * sw, a_next_ch = 4 * L.plane, a_next_frag = 16 * sw;
 
-  const int stages = L.chunks * KH;
+  const int stages_per_chunk = KH / rows_per_stage;
+  const int stages = L.chunks * stages_per_chunk;
   for (int gy = blockIdx.y; gy < p.groups * L.co_tiles; gy += gridDim.y) {
     const int g = gy / L.co_tiles;
     const int co0 = (gy % L.co_tiles) * cfg::kCo;
@@ -223,32 +225,37 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       load_weights(0, smem + weights_at(0));
       cp_async_commit();
       for (int s = 0; s < stages; ++s) {
-        const int chunk = s / KH, kh = s - chunk * KH;
+        const int chunk = s / stages_per_chunk;
+        const int kh0 = (s - chunk * stages_per_chunk) * rows_per_stage;
         if (s + 1 < stages) {
-          // The next chunk's halo goes in during this chunk's last row.
-          if ((s + 1) % KH == 0) load_halo(chunk + 1, smem + halo_at((chunk + 1) & 1));
+          // The next chunk's halo goes in during this chunk's last stage.
+          if ((s + 1) % stages_per_chunk == 0) {
+            load_halo(chunk + 1, smem + halo_at((chunk + 1) & 1));
+          }
           load_weights(s + 1, smem + weights_at((s + 1) & 1));
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const int a_stage = halo_at(chunk & 1) + a_lane + kh * dh * L.halo_cols;
         const float4* wb = reinterpret_cast<const float4*>(smem + weights_at(s & 1)) + lane;
-        // Not unrolled: an unrolled tap loop hoists every tap's loads and
-        // runs out of registers.
+        for (int r = 0; r < rows_per_stage; ++r) {
+          const int a_row = halo_at(chunk & 1) + a_lane + (kh0 + r) * dh * L.halo_cols;
+          // Not unrolled: an unrolled tap loop hoists every tap's loads and
+          // runs out of registers.
 #pragma unroll 1
-        for (int kw = 0; kw < KW; ++kw) {
-          const int o = a_stage + kw * dw;
-          float a[2][4];
+          for (int kw = 0; kw < KW; ++kw) {
+            const int o = a_row + kw * dw;
+            float a[2][4];
 #pragma unroll
-          for (int f = 0; f < 2; ++f) {
-            const int of = o + f * a_next_frag;
-            a[f][0] = smem[of];
-            a[f][1] = smem[of + a_next_col];
-            a[f][2] = smem[of + a_next_ch];
-            a[f][3] = smem[of + a_next_ch + a_next_col];
+            for (int f = 0; f < 2; ++f) {
+              const int of = o + f * a_next_frag;
+              a[f][0] = smem[of];
+              a[f][1] = smem[of + a_next_col];
+              a[f][2] = smem[of + a_next_ch];
+              a[f][3] = smem[of + a_next_ch + a_next_col];
+            }
+            mma_step<kMath>(acc, a, wb + (r * KW + kw) * 4 * 32);
           }
-          mma_step<kMath>(acc, a, wb + kw * 4 * 32);
         }
         __syncthreads();  // stage consumed before it is refilled
       }
