@@ -183,8 +183,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   for (int gy = blockIdx.y; gy < p.groups * L.co_tiles; gy += gridDim.y) {
     const int g = gy / L.co_tiles;
     const int co0 = (gy % L.co_tiles) * cfg::kCo;
-    const float* w_tile =
-        w_frag + int64_t(gy) * L.chunks * KH * stage_floats;
+    const float* w_tile = w_frag + int64_t(gy) * stages * stage_floats;
 
     for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
       const float* x_img =
