@@ -10,8 +10,7 @@
 // once per call into fragment order, stream one kernel row per stage.
 // Stages are double-buffered with cp.async.
 //
-// Math: TF32 rounds each operand to nearest (the halo once per chunk in
-// shared memory, the weights when rearranged); 3xTF32 splits each into
+// Math: TF32 rounds each operand to nearest; 3xTF32 splits each into
 // big + small and accumulates small*big + big*small before big*big.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -84,7 +83,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[2][8][4],
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if constexpr (kMath == TcMath::kTF32) {
-        a_big[f][i] = __float_as_uint(a[f][i]);  // halo rounded when staged
+        a_big[f][i] = tf32_round(a[f][i]);
       } else {
         tf32_split(a[f][i], a_big[f][i], a_small[f][i]);
       }
@@ -205,18 +204,6 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
           }
         }
       };
-      auto round_own_halo = [&](float* buf) {
-#pragma unroll 1
-        for (int ci = 0; ci < cfg::kChunk; ++ci) {
-#pragma unroll
-          for (int i = 0; i < cfg::kMaxHaloPerThread; ++i) {
-            if (threadIdx.x + i * cfg::kThreads < halo_area) {
-              float& v = buf[ci * L.plane + pos_slot[i]];
-              v = __uint_as_float(tf32_round(v));
-            }
-          }
-        }
-      };
       auto load_weights = [&](int stage, float* dst) {
         const float* src = w_tile + int64_t(stage) * stage_floats;
         for (int i = threadIdx.x; i < stage_floats / 4; i += cfg::kThreads) {
@@ -248,12 +235,6 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         }
         cp_async_commit();
         cp_async_wait<1>();
-        if constexpr (kMath == TcMath::kTF32) {
-          // Round the chunk's halo to TF32 once, not at every tap that
-          // reads it: each thread rounds the elements its own copies wrote,
-          // which the wait above has made visible to it.
-          if (s % stages_per_chunk == 0) round_own_halo(smem + halo_at(chunk & 1));
-        }
         __syncthreads();
         const float4* wb = reinterpret_cast<const float4*>(smem + weights_at(s & 1)) + lane;
         for (int r = 0; r < rows_per_stage; ++r) {
