@@ -226,16 +226,20 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       for (int s = 0; s < stages; ++s) {
         const int chunk = s / stages_per_chunk;
         const int kh0 = (s - chunk * stages_per_chunk) * rows_per_stage;
+        // One barrier per stage: it publishes stage s (landed for this
+        // thread after the wait) and ends every warp's reads of stage s-1,
+        // whose buffers the prefetch of stage s+1 then refills while stage s
+        // computes.
+        cp_async_wait<0>();
+        __syncthreads();
         if (s + 1 < stages) {
           // The next chunk's halo goes in during this chunk's last stage.
           if ((s + 1) % stages_per_chunk == 0) {
             load_halo(chunk + 1, smem + halo_at((chunk + 1) & 1));
           }
           load_weights(s + 1, smem + weights_at((s + 1) & 1));
+          cp_async_commit();
         }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
         const float4* wb = reinterpret_cast<const float4*>(smem + weights_at(s & 1)) + lane;
         for (int r = 0; r < rows_per_stage; ++r) {
           const int a_row = halo_at(chunk & 1) + a_lane + (kh0 + r) * dh * L.halo_cols;
@@ -256,7 +260,6 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
             mma_step<kMath>(acc, a, wb + (r * KW + kw) * 4 * 32);
           }
         }
-        __syncthreads();  // stage consumed before it is refilled
       }
 
       // Epilogue: bias, then each accumulator to its (channel, pixel).
