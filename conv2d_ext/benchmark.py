@@ -3,8 +3,9 @@
     python -m conv2d_ext.benchmark [--shapes a,b,c] [--passes forward,...]
                                    [--precision tf32,ieee] [--quick] [--json PATH]
 
-Times forward, backward_input (dgrad) and backward_weight (wgrad) of both
-implementations side by side in one process, with CUDA events (warm-up, then
+Times forward, backward_input (dgrad), backward_weight (wgrad) and a
+training step (forward + both gradients of conv2d_ext.Conv2d against
+nn.Conv2d) of both implementations side by side in one process, with CUDA events (warm-up, then
 the median of repeats), rotating input sets so that the working set exceeds
 the L2 cache. Every result is checked against a float64 reference. Without a
 GPU it runs the CPU path on reduced sizes.
@@ -48,7 +49,8 @@ class Shape:
         )
 
     def flops(self):
-        """Multiply-adds x 2 of one pass (the same for all three)."""
+        """Multiply-adds x 2 of one pass (the same for all three; a step is
+        all three)."""
         ho, wo = self.out_hw()
         return 2 * self.n * self.cout * ho * wo * (self.cin // self.groups) * self.kernel[0] * self.kernel[1]
 
@@ -72,13 +74,32 @@ SUITE = {
     "depthwise_3x3": Shape(32, 128, 128, 112, 112, (3, 3), padding=(1, 1), groups=128),
     "grouped_3x3": Shape(32, 128, 128, 56, 56, (3, 3), padding=(1, 1), groups=32),
 }
-PASSES = ["forward", "backward_input", "backward_weight"]
+PASSES = ["forward", "backward_input", "backward_weight", "step"]
 PRECISIONS = ["tf32", "ieee"]
 
 
-def _ext_fn(pass_, shape):
+def _step_fn(conv):
+    """A training step of one layer: forward, then the input and weight
+    gradients. Returns all three, so each can be checked."""
+    def fn(x, w, gy):
+        x = x.detach().requires_grad_()
+        conv.weight.data = w  # the input set's weights, without a copy
+        y = conv(x)
+        gx, gw = torch.autograd.grad(y, (x, conv.weight), gy)
+        return y, gx, gw
+    return fn
+
+
+def _module(cls, shape, device):
+    return cls(shape.cin, shape.cout, shape.kernel, shape.stride, shape.padding, shape.dilation,
+               shape.groups, bias=False, device=device)
+
+
+def _ext_fn(pass_, shape, device="cpu"):
     ops = torch.ops.conv2d_ext
     geo = shape.geometry()
+    if pass_ == "step":
+        return _step_fn(_module(conv2d_ext.Conv2d, shape, device))
     if pass_ == "forward":
         return lambda x, w, gy: ops.conv2d(x, w, None, *geo)
     if pass_ == "backward_input":
@@ -86,8 +107,10 @@ def _ext_fn(pass_, shape):
     return lambda x, w, gy: ops.conv2d_backward_weight(gy, x, list(w.shape), *geo)
 
 
-def _torch_fn(pass_, shape):
+def _torch_fn(pass_, shape, device="cpu"):
     stride, padding, dilation, groups = shape.geometry()
+    if pass_ == "step":
+        return _step_fn(_module(torch.nn.Conv2d, shape, device))
     if pass_ == "forward":
         return lambda x, w, gy: F.conv2d(x, w, None, stride, padding, dilation, groups)
     mask = [pass_ == "backward_input", pass_ == "backward_weight", False]
@@ -141,6 +164,9 @@ def time_ms(fn, input_sets, device, warmup, repeats, budget_s):
 
 
 def rel_err(out, ref):
+    """Relative L2 error; for a step (several results), the worst of them."""
+    if isinstance(out, tuple):
+        return max(rel_err(o, r) for o, r in zip(out, ref))
     out = out.double()
     return ((out - ref).norm() / ref.norm()).item()
 
@@ -163,17 +189,22 @@ def run(shapes, passes, precisions, device, quick=False, progress=print):
         gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
         sets = [_make_inputs(shape, device, generator=gen) for _ in range(n_sets)]
         for pass_ in passes:
-            ext, ref_fn = _ext_fn(pass_, shape), _torch_fn(pass_, shape)
+            ext, ref_fn = _ext_fn(pass_, shape, device), _torch_fn(pass_, shape, device)
             x, w, gy = sets[0]
             with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
-                reference = ref_fn(x.double(), w.double(), gy.double())
+                if pass_ == "step":  # float64 through the functional path
+                    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+                    y64 = F.conv2d(x64, w64, None, *shape.geometry())
+                    reference = (y64.detach(), *torch.autograd.grad(y64, (x64, w64), gy.double()))
+                else:
+                    reference = _torch_fn(pass_, shape)(x.double(), w.double(), gy.double())
             for precision in precisions:
                 _set_precision(precision)
                 ext_err = rel_err(ext(x, w, gy), reference)
                 torch_err = rel_err(ref_fn(x, w, gy), reference)
                 ext_ms = time_ms(ext, sets, device, warmup, repeats, budget)
                 torch_ms = time_ms(ref_fn, sets, device, warmup, repeats, budget)
-                flops = shape.flops()
+                flops = shape.flops() * (3 if pass_ == "step" else 1)
                 rec = {
                     "shape": name,
                     "pass": pass_,

@@ -38,7 +38,7 @@ def test_benchmark_cli_writes_records(tmp_path, capsys):
     data = json.loads(out.read_text())
     for key in ("device", "torch", "cuda", "cudnn"):
         assert key in data
-    assert {r["pass"] for r in data["records"]} == {"forward", "backward_input", "backward_weight"}
+    assert {r["pass"] for r in data["records"]} == {"forward", "backward_input", "backward_weight", "step"}
     for r in data["records"]:
         for key in ("shape", "precision", "ext_ms", "torch_ms", "speedup", "ext_rel_err", "torch_rel_err"):
             assert key in r
