@@ -7,8 +7,9 @@
 // input halo tile of those channels is staged in shared memory once (NCHW
 // order, zero-filled at borders) and read by every tap of the kernel, so
 // taps cost shared-memory reads, not global traffic. The weights, rearranged
-// once per call into fragment order, stream one kernel row per stage.
-// Stages are double-buffered with cp.async.
+// once per call into fragment order, stream one kernel row per stage (all
+// rows of the chunk for kernels of at most 16 taps). Stages are
+// double-buffered with cp.async behind one barrier each.
 //
 // Math: TF32 rounds each operand to nearest; 3xTF32 splits each into
 // big + small and accumulates small*big + big*small before big*big.
