@@ -23,8 +23,16 @@ DEFAULT_ARCHS = "7.0;7.5;8.0;8.6;8.9;9.0+PTX"
 
 
 def read_version():
+    """conv2d_ext/version.py's version, plus CONV2D_EXT_LOCAL_VERSION as a
+    local label (+cu130.torch2.14.1) for prebuilt wheel variants."""
     text = open(os.path.join(ROOT, PKG, "version.py")).read()
-    return re.search(r'__version__ = "([^"]+)"', text).group(1)
+    version = re.search(r'__version__ = "([^"]+)"', text).group(1)
+    local = os.environ.get("CONV2D_EXT_LOCAL_VERSION")
+    return f"{version}+{local}" if local else version
+
+
+def torch_minor():
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
 def use_cuda():
@@ -97,5 +105,6 @@ setup(
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
     python_requires=">=3.10",
-    install_requires=["torch"],
+    # The binary works only with the torch minor it was built against.
+    install_requires=[f"torch=={torch_minor()}.*"],
 )
