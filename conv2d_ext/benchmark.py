@@ -171,12 +171,14 @@ def rel_err(out, ref):
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def _set_precision(precision):
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+def _cudnn(precision):
+    """cuDNN as the comparison runs it: enabled, autotuned, and in the given
+    precision mode (which conv2d_ext follows too)."""
+    return torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
+                                      allow_tf32=precision == "tf32")
 
 
 def run(shapes, passes, precisions, device, quick=False, progress=print):
-    torch.backends.cudnn.benchmark = True
     records = []
     l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 32 << 20
     warmup, repeats, budget = (1, 5, 0.3) if quick else (3, 30, 1.5)
@@ -191,7 +193,7 @@ def run(shapes, passes, precisions, device, quick=False, progress=print):
         for pass_ in passes:
             ext, ref_fn = _ext_fn(pass_, shape, device), _torch_fn(pass_, shape, device)
             x, w, gy = sets[0]
-            with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+            with _cudnn("ieee"):
                 if pass_ == "step":  # float64 through the functional path
                     x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
                     y64 = F.conv2d(x64, w64, None, *shape.geometry())
@@ -199,11 +201,11 @@ def run(shapes, passes, precisions, device, quick=False, progress=print):
                 else:
                     reference = _torch_fn(pass_, shape)(x.double(), w.double(), gy.double())
             for precision in precisions:
-                _set_precision(precision)
-                ext_err = rel_err(ext(x, w, gy), reference)
-                torch_err = rel_err(ref_fn(x, w, gy), reference)
-                ext_ms = time_ms(ext, sets, device, warmup, repeats, budget)
-                torch_ms = time_ms(ref_fn, sets, device, warmup, repeats, budget)
+                with _cudnn(precision):
+                    ext_err = rel_err(ext(x, w, gy), reference)
+                    torch_err = rel_err(ref_fn(x, w, gy), reference)
+                    ext_ms = time_ms(ext, sets, device, warmup, repeats, budget)
+                    torch_ms = time_ms(ref_fn, sets, device, warmup, repeats, budget)
                 flops = shape.flops() * (3 if pass_ == "step" else 1)
                 rec = {
                     "shape": name,

@@ -1,7 +1,14 @@
 """conv2d_ext.conv2d: torch.nn.functional.conv2d's signature and semantics."""
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.utils import _pair
+
+
+def _pair(value):
+    """An int or a 1- or 2-element sequence as a pair, as F.conv2d accepts."""
+    if isinstance(value, int):
+        return (value, value)
+    value = tuple(value)
+    return value * 2 if len(value) == 1 else value
 
 
 def _same_padding(input, weight, dilation):

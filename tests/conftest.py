@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import conv2d_ext  # noqa: F401  loads the ops
+from utils import tf32_mode
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -23,14 +24,8 @@ def fresh_seed(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-def _set_tf32(enabled):
-    torch.backends.cudnn.allow_tf32 = enabled
-
-
 @pytest.fixture(params=["ieee", "tf32"])
 def precision(request):
     """Runs a test under both of PyTorch's convolution precision modes."""
-    previous = torch.backends.cudnn.allow_tf32
-    _set_tf32(request.param == "tf32")
-    yield request.param
-    _set_tf32(previous)
+    with tf32_mode(request.param == "tf32"):
+        yield request.param

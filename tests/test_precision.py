@@ -2,17 +2,14 @@
 import torch
 
 import conv2d_ext  # noqa: F401
+from utils import tf32_mode
 
 
 def test_follows_allow_tf32():
-    previous = torch.backends.cudnn.allow_tf32
-    try:
-        torch.backends.cudnn.allow_tf32 = False
+    with tf32_mode(False):
         assert torch.ops.conv2d_ext._math_mode() == "ieee"
-        torch.backends.cudnn.allow_tf32 = True
+    with tf32_mode(True):
         assert torch.ops.conv2d_ext._math_mode() == "tf32"
-    finally:
-        torch.backends.cudnn.allow_tf32 = previous
 
 
 def test_follows_conv_fp32_precision():

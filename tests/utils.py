@@ -1,4 +1,5 @@
 """Shared helpers: float64 references, error measure and tolerances."""
+import contextlib
 import math
 
 import pytest
@@ -79,3 +80,14 @@ def precision_of(dtype, device):
     if dtype == torch.float32 and device == "cuda" and torch.backends.cudnn.allow_tf32:
         return "tf32"
     return "ieee"
+
+
+@contextlib.contextmanager
+def tf32_mode(enabled):
+    """PyTorch's convolution TF32 flag for the duration, through the flags()
+    context manager: importing PyTorch's own test utilities (OpInfo tests)
+    forbids setting the flags directly."""
+    cudnn = torch.backends.cudnn
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
+                     deterministic=cudnn.deterministic, allow_tf32=enabled):
+        yield
