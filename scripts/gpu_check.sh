@@ -27,13 +27,11 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   fi
   echo "build: $(( $(date +%s) - start )) s"
 fi
-# A compiler that links libstdc++ statically into the module gives it a
-# second C++ runtime, and the first error message it formats crashes the
-# process. Refuse such a build rather than run the tests on it.
+# Refuse a module with unexpected dependencies or its own static libstdc++
+# (some compilers link it in; the first error message it formats crashes).
 module=$(ls conv2d_ext/_C*.so 2>/dev/null | head -n 1)
-if [ -n "$module" ] && ! ldd "$module" | grep -q libstdc++; then
-  echo "BUILD UNUSABLE: $module carries its own static libstdc++ (compiler: ${CXX:-c++});"
-  echo "set CXX and CC to a compiler that links libstdc++ dynamically, and rebuild"
+if [ -n "$module" ] && ! python scripts/check_module_deps.py "$module"; then
+  echo "BUILD UNUSABLE (compiler: ${CXX:-c++})"
   exit 1
 fi
 
