@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <initializer_list>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -98,17 +99,47 @@ void set_shapes(ConvParams& p, c10::IntArrayRef input_size,
               "Calculated padded input size per channel: (", padded_h, " x ",
               padded_w, "). Kernel size: (", extent_h, " x ", extent_w,
               "). Kernel size can't be greater than actual input size");
+  // Bounds of the kernels' 32-bit arithmetic (kMaxIndex32), checked before
+  // any product that could overflow: the padded extents (which bound the
+  // unpadded ones, padding, kernel extent and, below, stride), then the
+  // planes, the counts and the weight.
+  TORCH_CHECK(padded_h < kMaxIndex32 && padded_w < kMaxIndex32,
+              "conv2d_ext: a padded input extent of ", kMaxIndex32,
+              " or more is not supported (padded input ", padded_h, "x",
+              padded_w, ")");
   p.out_h = conv_out_size(p.in_h, p.kernel_h, p.stride_h, p.pad_h,
                           p.dilation_h);
   p.out_w = conv_out_size(p.in_w, p.kernel_w, p.stride_w, p.pad_w,
                           p.dilation_w);
-  // Kernels index within one (n, c) plane with 32-bit arithmetic and form
-  // plane base offsets in 64 bits; a single plane must therefore fit int32.
-  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
-  TORCH_CHECK(p.in_h * p.in_w <= kMax32 && p.out_h * p.out_w <= kMax32,
-              "conv2d_ext: one channel plane of more than 2^31-1 elements is "
-              "not supported (input ",
-              p.in_h, "x", p.in_w, ", output ", p.out_h, "x", p.out_w, ")");
+  TORCH_CHECK(p.in_h * p.in_w < kMaxIndex32 && p.out_h * p.out_w < kMaxIndex32,
+              "conv2d_ext: one channel plane of ", kMaxIndex32,
+              " or more elements is not supported (input ", p.in_h, "x",
+              p.in_w, ", output ", p.out_h, "x", p.out_w, ")");
+  TORCH_CHECK(p.batch < kMaxIndex32 && p.in_channels < kMaxIndex32 &&
+                  p.out_channels < kMaxIndex32,
+              "conv2d_ext: a batch or channel count of ", kMaxIndex32,
+              " or more is not supported (input", input_size, ", weight",
+              weight_size, ")");
+  // Every factor is below 2^31 here, and each partial product is checked
+  // before the next multiplication, so nothing overflows int64.
+  int64_t weight_numel = 1;
+  for (const int64_t d : {p.out_channels, weight_size[1], p.kernel_h,
+                          p.kernel_w}) {
+    weight_numel *= d;
+    TORCH_CHECK(weight_numel < kMaxIndex32, "conv2d_ext: a weight of ",
+                kMaxIndex32, " or more elements is not supported (weight",
+                weight_size, ")");
+  }
+  // With a single output row (column) the stride never multiplies anything,
+  // and with a single kernel row (column) the dilation never does: they are
+  // normalised to 1, so that every geometry value the kernels narrow to int
+  // is bounded by the padded extent (with two or more outputs, stride <
+  // padded extent; with two or more taps, dilation < padded extent). An
+  // arbitrary stride would otherwise wrap when narrowed.
+  if (p.out_h == 1) p.stride_h = 1;
+  if (p.out_w == 1) p.stride_w = 1;
+  if (p.kernel_h == 1) p.dilation_h = 1;
+  if (p.kernel_w == 1) p.dilation_w = 1;
 }
 
 void check_4d(const char* what, const char* op, const at::Tensor& t) {

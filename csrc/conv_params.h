@@ -14,6 +14,15 @@
 
 namespace conv2d_ext {
 
+// The CUDA kernels count images, channels, kernel taps and weight elements,
+// and index within one (image, channel) plane, in 32-bit arithmetic; only
+// offsets of whole planes are formed in 64 bits. make_*_params rejects
+// problems where any of these, or a padded input extent, reaches this
+// bound: 2^31 less headroom for rounding extents up to whole tiles and for
+// grid-stride loop steps past the end (at most 65535). Tensors themselves
+// may have any number of elements.
+constexpr int64_t kMaxIndex32 = (int64_t(1) << 31) - (int64_t(1) << 16);
+
 struct ConvParams {
   int64_t batch = 0;
   int64_t in_channels = 0, in_h = 0, in_w = 0;

@@ -122,3 +122,21 @@ def test_torch_ops_entry_point():
     w = torch.randn(3, 2, 3, 3, dtype=torch.float64)
     y = torch.ops.conv2d_ext.conv2d(x, w, None, [1, 1], [1, 1], [1, 1], 1)
     assert rel_err(y, reference(x, w, None, 1, 1, 1, 1)) <= tolerance(torch.float64, "ieee", 18)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stride_and_dilation_beyond_32_bits(device):
+    """A stride of 2^40 with a single output row and a dilation of 2^40 on a
+    one-tap kernel dimension cannot matter, and do not: the kernels index in
+    32 bits, so such values are normalised rather than narrowed."""
+    x = torch.randn(2, 3, 9, 10, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 3, 1, device=device, dtype=torch.float64, requires_grad=True)
+    stride, padding, dilation = (2**40, 3), (0, 1), (2, 2**40)
+    y = conv2d_ext.conv2d(x, w, None, stride, padding, dilation)
+    assert y.shape == (2, 4, 1, 4)
+    gy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, w], gy)
+    refs = reference(x, w, None, stride, padding, dilation, 1, grad_out=gy)
+    mags = reference(x, w, None, stride, padding, dilation, 1, grad_out=gy, absolute=True)
+    for out, ref, mag, length in zip((y, *grads), refs, mags, reduction_lengths(x, w, y)):
+        assert rel_err(out, ref, mag, length) <= tolerance(torch.float64, "ieee", length)

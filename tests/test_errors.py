@@ -136,3 +136,34 @@ def test_backward_ops_check_shapes():
     with raises("grad_output type (Float) and weight type (Double) should be the same"):
         torch.ops.conv2d_ext.conv2d_backward_input(gy, x_(2, 3, 3, 3, dtype=torch.float64), [1, 3, 8, 8],
                                                    [1, 1], [0, 0], [1, 1], 1)
+
+
+# The kernels' 32-bit limits (kMaxIndex32 = 2^31 - 2^16 in conv_params.h):
+# tensors may be of any size, but not one plane, padded extent, channel count
+# or weight. Empty batches and expanded weights keep these tests free.
+LIMIT = 2**31 - 2**16
+
+
+def _expanded(*shape):
+    return torch.zeros(1).expand(*shape)
+
+
+def test_plane_beyond_32_bit_indexing():
+    with raises(f"conv2d_ext: one channel plane of {LIMIT} or more elements is not supported "
+                "(input 1048576x2048, output 1048576x2048)"):
+        conv(torch.empty(0, 1, 2**20, 2**11), x_(1, 1, 1, 1))
+
+
+def test_padded_extent_beyond_32_bit_indexing():
+    with raises(f"conv2d_ext: a padded input extent of {LIMIT} or more is not supported (padded input 1x2147483649)"):
+        conv(x_(1, 1, 1, 1), x_(1, 1, 1, 1), padding=(0, 2**30))
+
+
+def test_channels_beyond_32_bit_indexing():
+    with raises(f"conv2d_ext: a batch or channel count of {LIMIT} or more is not supported"):
+        conv(torch.empty(0, LIMIT, 1, 1), _expanded(1, LIMIT, 1, 1))
+
+
+def test_weight_beyond_32_bit_indexing():
+    with raises(f"conv2d_ext: a weight of {LIMIT} or more elements is not supported (weight[32768, 65536, 1, 1])"):
+        conv(torch.empty(0, 2**16, 1, 1), _expanded(2**15, 2**16, 1, 1))

@@ -21,8 +21,10 @@ constexpr int64_t kMaxGridYZ = 65535;
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Offset of plane (n, c) of an NCHW tensor with `channels` channels: the
-// only 64-bit product a kernel needs, since one plane fits in int32
-// (checked in make_*_params).
+// only 64-bit product a kernel needs (tensors may exceed 2^31 elements),
+// since one plane, the padded extents and the image and channel counts stay
+// below kMaxIndex32 (checked in make_*_params). Offsets within a plane then
+// fit in int.
 __device__ __forceinline__ int64_t plane_offset(int n, int channels, int c,
                                                 int plane_size) {
   return (static_cast<int64_t>(n) * channels + c) * plane_size;

@@ -64,9 +64,10 @@ __global__ void __launch_bounds__(kThreads)
 
   // This block's slice of output rows (n, oh), flattened with the columns.
   const int total_rows = p.batch * Ho;
+  // row_begin < total_rows for every slice, so neither this nor the pixel
+  // count (capped on the host) overflows.
   const int row_begin = blockIdx.y * rows_per_split;
-  const int row_end = min(total_rows, row_begin + rows_per_split);
-  const int pixels = max(0, row_end - row_begin) * Wo;
+  const int pixels = min(rows_per_split, total_rows - row_begin) * Wo;
 
   T acc[kCoTile][kSeg];
 #pragma unroll
@@ -148,18 +149,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Enough row slices to fill the GPU a few blocks deep; the count depends
-// only on the shape and the GPU, so results are reproducible.
-int pick_splits(const ConvParams& p, int64_t tiles) {
+// Output rows per slice: enough slices to fill the GPU a few blocks deep,
+// each slice's pixel count below kMaxIndex32 (the kernel counts pixels in
+// int, with headroom for its loop step). Depends only on the shape and the
+// GPU, so results are reproducible.
+int64_t pick_rows_per_split(const ConvParams& p, int64_t tiles) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t rows = p.batch * p.out_h;
   const int64_t target_blocks = 4 * static_cast<int64_t>(sms);
   int64_t splits = std::max<int64_t>(1, ceil_div(target_blocks, tiles));
   splits = std::min(splits, std::max<int64_t>(1, rows / 4));
-  // Each slice's pixel count must fit in int32.
-  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
-  splits = std::max(splits, ceil_div(rows * p.out_w, kMax32));
-  return static_cast<int>(std::min(splits, kMaxGridYZ));
+  // out_w < kMaxIndex32 (make_*_params), so at least one row fits.
+  return std::min(ceil_div(rows, splits), (kMaxIndex32 - 1) / p.out_w);
 }
 
 template <typename T>
@@ -176,10 +177,11 @@ void launch_wgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
                           p.in_channels_per_group() * p.kernel_h *
                           ceil_div(p.kernel_w, kSeg);
     const int64_t rows = p.batch * p.out_h;
-    int splits = pick_splits(p, tiles);
-    const int rows_per_split = static_cast<int>(ceil_div(rows, splits));
-    splits = static_cast<int>(ceil_div(rows, rows_per_split));
-    TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(),
+    const int rows_per_split = static_cast<int>(pick_rows_per_split(p, tiles));
+    const int splits = static_cast<int>(
+        std::min(ceil_div(rows, rows_per_split), kMaxGridYZ + 1));
+    TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max() &&
+                    splits <= kMaxGridYZ,
                 "conv2d_ext: weight gradient too large");
 
     at::Tensor partial =
