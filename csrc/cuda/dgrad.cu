@@ -105,7 +105,11 @@ __global__ void __launch_bounds__(kThreads)
           for (int kw = 0; kw < KW; ++kw) {
             const int ow =
                 source_index(iw, p.pad_w, kw * p.dilation_w, p.stride_w, Wo);
-            const T v = ow >= 0 ? __ldg(g_row + ow) : T(0);
+            // A tap that reaches no output is skipped, as the rows are, not
+            // multiplied by zero: a NaN or Inf weight must not reach input
+            // pixels it has no path to (0 * Inf = NaN).
+            if (ow < 0) continue;
+            const T v = __ldg(g_row + ow);
             T wv[kCiTile];
             load_tile(s_row + kw * kCiTile, wv);
 #pragma unroll

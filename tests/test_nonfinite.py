@@ -1,0 +1,105 @@
+"""NaN and Inf propagate as in float64 F.conv2d: with a few input elements
+set to +Inf, -Inf and NaN (or a few weights set to NaN), the output and both
+gradients have exactly the reference's NaN, +Inf and -Inf elements, and the
+finite elements stay within the suite's tolerances."""
+import math
+
+import pytest
+import torch
+
+import conv2d_ext
+from utils import DEVICES, precision_of, reduction_lengths, reference, rel_err, tolerance
+
+INF, NAN = math.inf, math.nan
+
+# (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation). The "tc" cases
+# have 8+ input and 64 output channels: the tensor-core forward on a GPU.
+CASES = {
+    "5x9": (2, 3, 12, 22, 4, (5, 9), 1, 0, 1),
+    "5x9_pad": (2, 3, 12, 22, 4, (5, 9), 1, (2, 4), 1),
+    "5x9_tc_pad": (1, 8, 12, 40, 64, (5, 9), 1, (2, 4), 1),
+    "3x3_tc": (2, 8, 10, 36, 64, (3, 3), 1, 0, 1),
+    "3x3_tc_pad": (2, 8, 10, 36, 64, (3, 3), 1, 1, 1),
+    "3x3_tc_strided": (1, 12, 11, 37, 64, (3, 3), (2, 1), 0, (1, 2)),
+    "3x3_tc_strided_pad": (1, 12, 11, 37, 64, (3, 3), (2, 1), 1, (1, 2)),
+}
+# NaN weights only without padding: whether a NaN weight meets the zeros of
+# the padding (NaN) or skips them (finite) differs between implementations,
+# PyTorch's own included.
+WEIGHT_CASES = [name for name, case in CASES.items() if case[7] == 0]
+
+
+def _inputs(case, device, dtype, kind):
+    n, cin, h, w, cout, k, stride, padding, dilation = case
+    x = torch.randn(n, cin, h, w, dtype=dtype)
+    wt = torch.randn(cout, cin, *k, dtype=dtype)
+    b = torch.randn(cout, dtype=dtype)
+    # Output channel 0 has positive weights, so that an output reached by one
+    # Inf has its sign, and one reached by +Inf and -Inf is NaN.
+    wt[0] = wt[0].abs()
+    if kind == "input":
+        x[0, 0, 0, 0] = -INF  # corner
+        x[0, 0, h // 2, w // 2] = INF
+        x[0, cin - 1, h // 2, w // 2 + 1] = -INF  # overlaps the +Inf's outputs
+        x[-1, 0, 1, w - 1] = INF  # right border
+        x[-1, cin // 2, h - 1, w - 2] = NAN  # bottom border
+    else:
+        wt[1, 0, 0, k[1] - 1] = NAN
+        wt[-1, cin - 1, k[0] // 2, k[1] // 2] = NAN
+    return [t.to(device).requires_grad_() for t in (x, wt, b)] + [stride, padding, dilation]
+
+
+def _assert_matches(name, out, ref, mag, dtype, precision, length):
+    """Same NaN, +Inf and -Inf elements as the float64 reference (cast to
+    dtype); finite elements within the suite's tolerance, elementwise
+    (scaled by the largest finite magnitude) and in relative L2."""
+    out = out.detach().cpu()
+    expected = ref.to(dtype)
+    finite = torch.isfinite(expected)
+    tol = tolerance(dtype, precision, length)
+    scale = mag[finite].max().item() if finite.any() else 0.0
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol * scale, equal_nan=True,
+                               msg=lambda m: f"{name} ({precision}): {m}")
+    if finite.any():
+        err = rel_err(out[finite], ref[finite], mag[finite], length)
+        assert err <= tol, f"{name}: relative error of the finite elements {err:.3g} > {tol:.3g} ({precision})"
+
+
+def _check(case, device, dtype, kind):
+    x, w, b, stride, padding, dilation = _inputs(case, device, dtype, kind)
+    y = conv2d_ext.conv2d(x, w, b, stride, padding, dilation)
+    gy = torch.randn_like(y)  # finite
+    grads = torch.autograd.grad(y, [x, w, b], gy)
+    refs = reference(x, w, b, stride, padding, dilation, 1, grad_out=gy)
+    mags = reference(x, w, b, stride, padding, dilation, 1, grad_out=gy, absolute=True)
+    # The case exercises what it claims. grad_input depends on the weights
+    # only, grad_weight on the input only.
+    if kind == "input":
+        assert refs[0].isnan().any() and refs[0].isposinf().any() and refs[0].isneginf().any()
+        assert refs[1].isfinite().all() and not refs[2].isfinite().all()
+    else:
+        assert refs[0].isnan().any() and refs[1].isnan().any() and refs[2].isfinite().all()
+    precision = precision_of(dtype, device)
+    k_fprop, k_dgrad, k_wgrad = reduction_lengths(x, w, y)
+    names = ["forward", "grad_input", "grad_weight", "grad_bias"]
+    lengths = [k_fprop, k_dgrad, k_wgrad, k_wgrad]
+    for name, out, ref, mag, length in zip(names, (y, *grads), refs, mags, lengths):
+        _assert_matches(name, out, ref, mag, dtype, precision, length)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("device", DEVICES)
+def test_nonfinite_input(name, device, precision):
+    _check(CASES[name], device, torch.float32, "input")
+
+
+@pytest.mark.parametrize("name", WEIGHT_CASES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_weight(name, device, precision):
+    _check(CASES[name], device, torch.float32, "weight")
+
+
+@pytest.mark.parametrize("kind", ["input", "weight"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64(device, kind):
+    _check(CASES["3x3_tc_strided"], device, torch.float64, kind)
