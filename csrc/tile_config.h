@@ -9,12 +9,16 @@
 namespace conv2d_ext {
 namespace igemm_fprop {
 
-constexpr int kRows = 8;       // output rows per block, one warp each
-constexpr int kCols = 32;      // output columns per block: two m16 fragments
-constexpr int kCo = 64;        // output channels per block: eight n8 fragments
-constexpr int kChunk = 8;      // input channels per K step (one k8 MMA)
-constexpr int kThreads = 256;  // kRows warps
-constexpr int kMaxHaloPerThread = 4;  // halo positions a thread stages
+constexpr int kRows = 8;         // output rows per block
+constexpr int kRowsPerWarp = 2;  // output rows of one warp's tile
+constexpr int kCols = 32;        // output columns per block: two m16 fragments
+constexpr int kCo = 64;          // output channels per block: eight n8 fragments
+constexpr int kChunk = 8;        // input channels per K step (one k8 MMA)
+constexpr int kWarps = kRows / kRowsPerWarp;
+constexpr int kThreads = 32 * kWarps;
+// m16 fragments of a warp tile: every B fragment read from shared memory
+// feeds this many MMAs.
+constexpr int kWarpFrags = 2 * kRowsPerWarp;
 // Floats of one weight stage for one kernel column: 8 n-fragments x 32
 // lanes x 2 registers, in the order the lanes read them.
 constexpr int kWeightFloatsPerTap = kCo * kChunk;
@@ -52,12 +56,8 @@ inline Layout layout(const ConvParams& p) {
 }
 
 // Whether the tile machinery covers this problem (any kernel size whose
-// halo and weight stages fit).
-inline bool fits(const ConvParams& p) {
-  const Layout l = layout(p);
-  return int64_t(l.halo_rows) * l.halo_cols <= int64_t(kThreads) * kMaxHaloPerThread &&
-         l.smem_bytes <= kMaxSmemBytes;
-}
+// halo and weight stages fit in shared memory).
+inline bool fits(const ConvParams& p) { return layout(p).smem_bytes <= kMaxSmemBytes; }
 
 }  // namespace igemm_fprop
 }  // namespace conv2d_ext

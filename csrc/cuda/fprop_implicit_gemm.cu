@@ -2,8 +2,9 @@
 //
 // GEMM view per group: M = output pixels, N = Cout/groups, K =
 // Cin/groups*KH*KW. A block computes 8 output rows x 32 columns x 64 output
-// channels; warp w owns output row w (two m16 fragments) and all 64
-// channels (eight n8 fragments). K advances 8 input channels at a time: the
+// channels with 4 warps; a warp owns two output rows (four m16 fragments)
+// and all 64 channels (eight n8 fragments), so each B fragment it reads from
+// shared memory feeds four MMAs. K advances 8 input channels at a time: the
 // input halo tile of those channels is staged in shared memory once (NCHW
 // order, zero-filled at borders) and read by every tap of the kernel, so
 // taps cost shared-memory reads, not global traffic. The weights, rearranged
@@ -70,17 +71,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One k8 step of the warp tile: A (2 m-fragments) from registers, B (8
-// n-fragments) read pairwise from the staged weights (wb: this lane's
-// first 16 bytes of the tap). Operands are rounded
-// or split one B fragment at a time to keep register pressure down.
-template <TcMath kMath>
-__device__ __forceinline__ void mma_step(float (&acc)[2][8][4],
-                                         const float (&a)[2][4],
-                                         const float4* __restrict__ wb) {
-  uint32_t a_big[2][4], a_small[2][4];
+// One tap's operands in registers: A (kFrags m-fragments) and B (8
+// n-fragments, two per float4 as the weights are rearranged).
+template <int kFrags>
+struct TapOperands {
+  float a[kFrags][4];
+  float4 b[4];
+};
+
+// One k8 step of the warp tile. Operands are rounded or split one B
+// fragment at a time to keep register pressure down.
+template <TcMath kMath, int kFrags>
+__device__ __forceinline__ void mma_step(float (&acc)[kFrags][8][4],
+                                         const TapOperands<kFrags>& op) {
+  const auto& a = op.a;
+  uint32_t a_big[kFrags][4], a_small[kFrags][4];
 #pragma unroll
-  for (int f = 0; f < 2; ++f)
+  for (int f = 0; f < kFrags; ++f)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if constexpr (kMath == TcMath::kTF32) {
@@ -91,7 +98,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[2][8][4],
     }
 #pragma unroll
   for (int pr = 0; pr < 4; ++pr) {
-    const float4 v = wb[pr * 32];  // wb already points at this lane
+    const float4 v = op.b[pr];
     const float raw[2][2] = {{v.x, v.y}, {v.z, v.w}};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -106,7 +113,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[2][8][4],
         }
       }
 #pragma unroll
-      for (int f = 0; f < 2; ++f) {
+      for (int f = 0; f < kFrags; ++f) {
         if constexpr (kMath == TcMath::k3xTF32) {
           // The tensor cores truncate when they accumulate, a bias that
           // grows with the length of an accumulation chain. Each k step
@@ -139,7 +146,9 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   const int HW = H * W;
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
-  const int sh = p.stride_h, sw = p.stride_w;
+  // Specialised kernel sizes run at unit stride only (see the launch): the
+  // A operand's column offsets then become immediates of the shared loads.
+  const int sh = KH_T > 0 ? 1 : p.stride_h, sw = KH_T > 0 ? 1 : p.stride_w;
   const int dh = p.dilation_h, dw = p.dilation_w;
   const int rows_per_stage = L.rows_per_stage;
   const int stage_floats = rows_per_stage * KW * cfg::kWeightFloatsPerTap;
@@ -156,28 +165,16 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   const int oh0 = (blockIdx.x / tiles_w) * cfg::kRows;
   const int ow0 = (blockIdx.x % tiles_w) * cfg::kCols;
 
-  // The halo positions this thread stages, fixed for every chunk: offset in
-  // an input plane, slot in a shared plane, and whether inside the input.
   const int ih0 = oh0 * sh - p.pad_h, iw0 = ow0 * sw - p.pad_w;
   const int halo_area = L.halo_rows * L.halo_cols;
-  int pos_off[cfg::kMaxHaloPerThread], pos_slot[cfg::kMaxHaloPerThread];
-  uint32_t inside = 0;
-#pragma unroll
-  for (int i = 0; i < cfg::kMaxHaloPerThread; ++i) {
-    const int idx = threadIdx.x + i * cfg::kThreads;
-    const int hr = idx / L.halo_cols, hc = idx - hr * L.halo_cols;
-    const int ih = ih0 + hr, iw = iw0 + hc;
-    const bool ok = idx < halo_area && ih >= 0 && ih < H && iw >= 0 && iw < W;
-    inside |= uint32_t(ok) << i;
-    pos_off[i] = ok ? ih * W + iw : 0;
-    pos_slot[i] = hr * L.halo_cols + hc;
-  }
 
   // Offset of this lane's first A element for tap (0, 0) in a halo buffer;
-  // a tap adds kh*dh rows and kw*dw columns. The other seven elements sit
-  // 8 columns, 4 channel planes and 16 columns (second m fragment) away.
-  const int a_lane = warp * sh * L.halo_cols + tig * L.plane + grp * sw;
+  // a tap adds kh*dh rows and kw*dw columns. The other elements of a
+  // fragment sit 8 columns and 4 channel planes away; the warp's second m16
+  // fragment of a row 16 columns, its second row one output row down.
+  const int a_lane = warp * cfg::kRowsPerWarp * sh * L.halo_cols + tig * L.plane + grp * sw;
   const int a_next_col = 8 * sw, a_next_ch = 4 * L.plane, a_next_frag = 16 * sw;
+  const int a_next_row = sh * L.halo_cols;
 
   const int stages_per_chunk = KH / rows_per_stage;
   const int stages = L.chunks * stages_per_chunk;
@@ -190,18 +187,20 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       const float* x_img =
           x + (int64_t(n) * p.in_channels + int64_t(g) * cin_g) * HW;
       auto load_halo = [&](int chunk, float* dst) {  // dst: a halo buffer
-        // Not unrolled: the compiler would keep all 32 source addresses
-        // live across the main loop.
+        const int c0 = chunk * cfg::kChunk;
+        const float* chunk_src = x_img + int64_t(c0) * HW;
+        // Positions are recomputed per chunk rather than kept in registers
+        // across the main loop, where the accumulators need them.
 #pragma unroll 1
-        for (int ci = 0; ci < cfg::kChunk; ++ci) {
-          const int c = chunk * cfg::kChunk + ci;
-          const float* plane = x_img + int64_t(c < cin_g ? c : 0) * HW;
+        for (int idx = threadIdx.x; idx < halo_area; idx += cfg::kThreads) {
+          const int hr = idx / L.halo_cols, hc = idx - hr * L.halo_cols;
+          const int ih = ih0 + hr, iw = iw0 + hc;
+          const bool in = ih >= 0 && ih < H && iw >= 0 && iw < W;
+          const float* src = chunk_src + (in ? ih * W + iw : 0);
 #pragma unroll
-          for (int i = 0; i < cfg::kMaxHaloPerThread; ++i) {
-            if (threadIdx.x + i * cfg::kThreads < halo_area) {
-              const bool ok = c < cin_g && ((inside >> i) & 1u);
-              cp_async_4(dst + ci * L.plane + pos_slot[i], plane + pos_off[i], ok);
-            }
+          for (int ci = 0; ci < cfg::kChunk; ++ci) {
+            const bool ok = in && c0 + ci < cin_g;
+            cp_async_4(dst + ci * L.plane + idx, ok ? src + int64_t(ci) * HW : x, ok);
           }
         }
       };
@@ -212,9 +211,9 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         }
       };
 
-      float acc[2][8][4];
+      float acc[cfg::kWarpFrags][8][4];
 #pragma unroll
-      for (int f = 0; f < 2; ++f)
+      for (int f = 0; f < cfg::kWarpFrags; ++f)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -242,33 +241,69 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
           cp_async_commit();
         }
         const float4* wb = reinterpret_cast<const float4*>(smem + weights_at(s & 1)) + lane;
-        for (int r = 0; r < rows_per_stage; ++r) {
-          const int a_row = halo_at(chunk & 1) + a_lane + (kh0 + r) * dh * L.halo_cols;
-          // Not unrolled: an unrolled tap loop hoists every tap's loads and
-          // runs out of registers.
-#pragma unroll 1
-          for (int kw = 0; kw < KW; ++kw) {
-            const int o = a_row + kw * dw;
-            float a[2][4];
+        // The stage's taps in (kernel row, kernel column) order. `off` is
+        // this lane's first A element of the tap; the other A elements sit
+        // at fixed offsets from it: a_next_ch (channels tig + 4), a_next_row
+        // (the warp's second output row) and column offsets that are
+        // immediates at unit stride.
+        const int taps = rows_per_stage * KW;
+        const int row_step = dh * L.halo_cols - (KW - 1) * dw;
+        int off = halo_at(chunk & 1) + a_lane + kh0 * dh * L.halo_cols;
+        int kw = 0;
+        auto load_tap = [&](int t, TapOperands<cfg::kWarpFrags>& op) {
 #pragma unroll
-            for (int f = 0; f < 2; ++f) {
-              const int of = o + f * a_next_frag;
-              a[f][0] = smem[of];
-              a[f][1] = smem[of + a_next_col];
-              a[f][2] = smem[of + a_next_ch];
-              a[f][3] = smem[of + a_next_ch + a_next_col];
+          for (int f = 0; f < cfg::kWarpFrags; ++f) {
+            const float* lo = smem + off + (f >> 1) * a_next_row + (f & 1) * a_next_frag;
+            op.a[f][0] = lo[0];
+            op.a[f][1] = lo[a_next_col];
+            op.a[f][2] = lo[a_next_ch];
+            op.a[f][3] = lo[a_next_ch + a_next_col];
+          }
+#pragma unroll
+          for (int pr = 0; pr < 4; ++pr) op.b[pr] = wb[t * 4 * 32 + pr * 32];
+          if (++kw == KW) {
+            kw = 0;
+            off += row_step;
+          } else {
+            off += dw;
+          }
+        };
+        if constexpr (kMath == TcMath::kTF32) {
+          // Software-pipelined by hand, two taps per trip: the next tap's
+          // shared loads are in flight while this tap's MMAs issue (with two
+          // warps per scheduler, the load latency is otherwise exposed).
+          TapOperands<cfg::kWarpFrags> op0, op1;
+          load_tap(0, op0);
+#pragma unroll 1
+          for (int t = 0; t < taps; t += 2) {
+            if (t + 1 < taps) load_tap(t + 1, op1);
+            mma_step<kMath>(acc, op0);
+            if (t + 1 < taps) {
+              if (t + 2 < taps) load_tap(t + 2, op0);
+              mma_step<kMath>(acc, op1);
             }
-            mma_step<kMath>(acc, a, wb + (r * KW + kw) * 4 * 32);
+          }
+        } else {
+          // 3xTF32 has the registers for one tap's operands only; its
+          // splits and sums give the loads time to land.
+#pragma unroll 1
+          for (int t = 0; t < taps; ++t) {
+            TapOperands<cfg::kWarpFrags> op;
+            load_tap(t, op);
+            mma_step<kMath>(acc, op);
           }
         }
       }
 
       // Epilogue: bias, then each accumulator to its (channel, pixel).
-      const int oh = oh0 + warp;
-      if (oh < Ho) {
+#pragma unroll
+      for (int f = 0; f < cfg::kWarpFrags; ++f) {
+        const int oh = oh0 + warp * cfg::kRowsPerWarp + (f >> 1);
+        if (oh >= Ho) continue;
         float* y_row = y + (int64_t(n) * p.out_channels + int64_t(g) * cout_g) *
                                Ho * Wo +
                        int64_t(oh) * Wo;
+        const int ow_a = ow0 + (f & 1) * 16 + grp, ow_b = ow_a + 8;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -277,12 +312,8 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
             if (co >= cout_g) continue;
             const float bv = bias != nullptr ? bias[g * cout_g + co] : 0.f;
             float* y_ch = y_row + int64_t(co) * Ho * Wo;
-#pragma unroll
-            for (int f = 0; f < 2; ++f) {
-              const int ow_a = ow0 + f * 16 + grp, ow_b = ow_a + 8;
-              if (ow_a < Wo) y_ch[ow_a] = acc[f][j][half] + bv;
-              if (ow_b < Wo) y_ch[ow_b] = acc[f][j][2 + half] + bv;
-            }
+            if (ow_a < Wo) y_ch[ow_a] = acc[f][j][half] + bv;
+            if (ow_b < Wo) y_ch[ow_b] = acc[f][j][2 + half] + bv;
           }
         }
       }
@@ -310,7 +341,8 @@ void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
   const dim3 grid(ceil_div(p.out_h, cfg::kRows) * ceil_div(p.out_w, cfg::kCols),
                   std::min<int64_t>(p.groups * L.co_tiles, kMaxGridYZ),
                   std::min(p.batch, kMaxGridYZ));
-  dispatch_kernel_size(p.kernel_h, p.kernel_w, true, [&](auto kh, auto kw) {
+  const bool unit_stride = p.stride_h == 1 && p.stride_w == 1;
+  dispatch_kernel_size(p.kernel_h, p.kernel_w, unit_stride, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
     auto kernel = math == MathMode::kTF32
                       ? fprop_igemm_kernel<KH, KW, TcMath::kTF32>

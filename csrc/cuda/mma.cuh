@@ -23,9 +23,13 @@ __device__ __forceinline__ uint32_t tf32_round(float x) {
 // x = big + small: big is x truncated to TF32, small the residual rounded
 // to TF32. big*big + big*small + small*big misses only small*small, about
 // 2^-22 of the product.
+// Non-finite x: clamping first makes big the largest finite TF32 and small
+// x itself (Inf) or NaN, so Inf*b stays Inf even where b's small part is
+// zero (Inf as big would give Inf*0 = NaN there), and NaN stays NaN.
 __device__ __forceinline__ void tf32_split(float x, uint32_t& big,
                                            uint32_t& small) {
-  big = __float_as_uint(x) & 0xffffe000u;
+  constexpr float kMax = 3.40282347e38f;  // FLT_MAX
+  big = __float_as_uint(fminf(fmaxf(x, -kMax), kMax)) & 0xffffe000u;
   small = tf32_round(x - __uint_as_float(big));
 }
 
