@@ -70,6 +70,28 @@ def write_build_info(with_cuda, archs):
         f.write(f"CUDA_ARCHS = {archs!r}\n")
 
 
+def hopper_arch_flags(archs):
+    """Hopper's wgmma kernels need sm_90a code, which runs on compute
+    capability 9.0 only. When the list names 9.0, build 9.0a in its place
+    (PTX for later GPUs stays compute_90) and return every -gencode flag;
+    torch adds none of its own once one is given. Empty when 9.0 is not
+    named: the binary then has the mma.sync kernels only."""
+    entries = archs.replace(" ", ";").split(";")
+    if not any(e.split("+")[0] in ("9.0", "9.0a") for e in entries):
+        return []
+    flags = []
+    for entry in entries:
+        version, _, ptx = entry.partition("+")
+        if not version:
+            continue
+        num = version.replace(".", "").rstrip("a")
+        code = "90a" if num == "90" else num
+        flags.append(f"-gencode=arch=compute_{code},code=sm_{code}")
+        if ptx == "PTX":
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return flags
+
+
 def make_extension():
     with_cuda = use_cuda()
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
@@ -87,6 +109,11 @@ def make_extension():
     write_build_info(True, archs)
     sources += sorted(glob.glob("csrc/cuda/*.cu"))
     nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
+    arch_flags = hopper_arch_flags(archs)
+    if arch_flags:
+        nvcc_flags += arch_flags
+        cxx_flags.append("-DCONV2D_EXT_SM90A")
+        nvcc_flags.append("-DCONV2D_EXT_SM90A")
     return cpp_extension.CUDAExtension(
         f"{PKG}._C",
         sources,

@@ -26,6 +26,16 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // element a kernel never writes cannot pass. Returns the previous setting.
   m.def("_set_poison_outputs(bool enable) -> bool",
         &conv2d_ext::set_poison_outputs);
+  // Tests only: whether the plan may pick Hopper (wgmma) kernels, so that
+  // the mma.sync kernels stay tested on a Hopper GPU. Returns the previous
+  // setting.
+  m.def("_set_hopper_kernels(bool enable) -> bool",
+        &conv2d_ext::set_hopper_kernels);
+  // The algorithm the forward would run for these arguments now, e.g. for
+  // tests to check which kernels they cover.
+  m.def(
+      "_forward_algorithm(Tensor input, Tensor weight, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups) -> str");
   // The precision mode ('tf32' or 'ieee') a float32 call would use now.
   m.def("_math_mode() -> str", [] {
     return std::string(

@@ -3,6 +3,8 @@
 #include "tile_config.h"
 
 #include <ATen/Context.h>
+
+#include <atomic>
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
 #else
@@ -10,6 +12,12 @@
 #endif
 
 namespace conv2d_ext {
+
+namespace {
+std::atomic<bool> g_hopper_kernels{true};
+}  // namespace
+
+bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws
@@ -36,11 +44,27 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   // modes.
   const bool tensor_core_shape = p.in_channels_per_group() >= 8 &&
                                  p.out_channels_per_group() >= 8;
-  if (pass == Pass::kFprop && dtype == at::kFloat && sm >= 80 &&
-      tensor_core_shape && igemm_fprop::fits(p)) {
-    plan.algo = Algo::kImplicitGemm;
+  if (pass == Pass::kFprop && dtype == at::kFloat && tensor_core_shape) {
+    // sm_90a code runs on compute capability 9.0 only; other GPUs get the
+    // mma.sync loop (sm_80 and newer).
+    const bool split = plan.math == MathMode::kIEEE;  // 3xTF32
+    if (sm == 90 && built_with_sm90a() &&
+        g_hopper_kernels.load(std::memory_order_relaxed) &&
+        igemm_fprop::fits(p, /*wgmma=*/true, split)) {
+      plan.algo = Algo::kImplicitGemmSm90;
+    } else if (sm >= 80 && igemm_fprop::fits(p, /*wgmma=*/false, /*split=*/false)) {
+      plan.algo = Algo::kImplicitGemm;
+    }
   }
   return plan;
+}
+
+bool built_with_sm90a() {
+#ifdef CONV2D_EXT_SM90A
+  return true;
+#else
+  return false;
+#endif
 }
 
 const char* to_string(Algo algo) {
@@ -49,6 +73,8 @@ const char* to_string(Algo algo) {
       return "direct";
     case Algo::kImplicitGemm:
       return "implicit_gemm";
+    case Algo::kImplicitGemmSm90:
+      return "implicit_gemm_sm90";
   }
   return "?";
 }

@@ -19,6 +19,7 @@ enum class MathMode { kIEEE, kTF32 };
 enum class Algo {
   kDirect,        // FFMA direct convolution: every dtype, every shape, every GPU
   kImplicitGemm,  // tensor-core implicit GEMM (float32, sm_80+): TF32 or 3xTF32
+  kImplicitGemmSm90,  // the same tiles on Hopper's wgmma (sm_90a code): TF32 or 3xTF32
 };
 
 struct Plan {
@@ -33,6 +34,14 @@ bool allow_tf32_conv();
 // The arithmetic a call in `dtype` runs in now: kTF32 only for float32 with
 // the flag set.
 MathMode math_mode(at::ScalarType dtype);
+
+// Whether this binary carries sm_90a code (wgmma); setup.py defines
+// CONV2D_EXT_SM90A when it builds for it.
+bool built_with_sm90a();
+
+// Tests only: allow (default) or forbid the Hopper kernels. Returns the
+// previous setting.
+bool set_hopper_kernels(bool enable);
 
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);

@@ -95,6 +95,38 @@ def test_cuda_float32_both_precisions(case, precision):
     _run(case, "cuda", torch.float32)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", TENSOR_CORE, ids=[f"tc{i}" for i in range(len(TENSOR_CORE))])
+def test_cuda_mma_sync_kernels(case, precision):
+    """On a Hopper GPU the forward runs on wgmma; the mma.sync kernels
+    that other GPUs run are checked here with the Hopper kernels off."""
+    previous = torch.ops.conv2d_ext._set_hopper_kernels(False)
+    try:
+        _run(case, "cuda", torch.float32)
+    finally:
+        torch.ops.conv2d_ext._set_hopper_kernels(previous)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_tensor_core_cases_reach_tensor_core_kernels(precision):
+    """The TENSOR_CORE cases test what they claim: on sm_80+ the plan sends
+    all of them to a tensor-core kernel, and on sm_90 to wgmma when the
+    build has sm_90a code."""
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        pytest.skip("no TF32 tensor cores")
+    hopper = (major, minor) == (9, 0) and "9.0" in (conv2d_ext.build_info()["cuda_archs"] or "")
+    for case in TENSOR_CORE:
+        n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
+        x = torch.empty(n, cin, h, w, device="cuda")
+        wt = torch.empty(cout, cin // groups, *k, device="cuda")
+        pad = padding if isinstance(padding, tuple) else (padding, padding)
+        pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
+        algo = torch.ops.conv2d_ext._forward_algorithm(x, wt, pair(stride), pad, pair(dilation), groups)
+        expected = "implicit_gemm_sm90" if hopper else "implicit_gemm"
+        assert algo == expected, f"{case}: {algo}, expected {expected}"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_unbatched_input(device):
     x = torch.randn(3, 10, 11, device=device)

@@ -5,10 +5,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <string>
 #include <vector>
 
 #include "../conv_params.h"
 #include "../pass_entry.h"
+#include "../plan.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -77,7 +79,18 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(conv2d_ext, CPU, m) { m.impl("conv2d", &conv2d_cpu); }
+std::string forward_algorithm_cpu(const at::Tensor& input, const at::Tensor& weight,
+                                  c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                  c10::IntArrayRef dilation, int64_t groups) {
+  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
+                                         padding, dilation, groups);
+  return to_string(choose_plan(p, Pass::kFprop, input.scalar_type(), /*sm=*/0).algo);
+}
+
+TORCH_LIBRARY_IMPL(conv2d_ext, CPU, m) {
+  m.impl("conv2d", &conv2d_cpu);
+  m.impl("_forward_algorithm", &forward_algorithm_cpu);
+}
 
 }  // namespace cpu
 }  // namespace conv2d_ext

@@ -9,7 +9,10 @@
 // reuse between neighbouring taps.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <string>
 
 #include "../pass_entry.h"
 #include "../plan.h"
@@ -152,26 +155,38 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
          const at::Tensor& b, at::Tensor& y) {
         const Plan plan =
             choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm());
-        if (plan.algo == Algo::kImplicitGemm) {
-          launch_fprop_implicit_gemm(
-              p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
-              plan.math);
-          return;
+        switch (plan.algo) {
+          case Algo::kImplicitGemm:
+          case Algo::kImplicitGemmSm90:  // float32 only
+            launch_fprop_implicit_gemm(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr,
+                                       y, plan.math, plan.algo == Algo::kImplicitGemmSm90);
+            return;
+          case Algo::kDirect:
+            AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {
+              launch_fprop_direct<scalar_t>(
+                  p, x, w, b.defined() ? b.data_ptr<scalar_t>() : nullptr, y);
+            });
+            return;
         }
-        TORCH_CHECK(plan.algo == Algo::kDirect,
-                    "conv2d_ext: no CUDA fprop kernel for algorithm ",
+        TORCH_CHECK(false, "conv2d_ext: no CUDA fprop kernel for algorithm ",
                     to_string(plan.algo));
-        AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {
-          launch_fprop_direct<scalar_t>(
-              p, x, w, b.defined() ? b.data_ptr<scalar_t>() : nullptr, y);
-        });
       });
 }
 
 }  // namespace
 
+std::string forward_algorithm_cuda(const at::Tensor& input, const at::Tensor& weight,
+                                   c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                   c10::IntArrayRef dilation, int64_t groups) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
+                                         padding, dilation, groups);
+  return to_string(choose_plan(p, Pass::kFprop, input.scalar_type(), current_sm()).algo);
+}
+
 TORCH_LIBRARY_IMPL(conv2d_ext, CUDA, m) {
   m.impl("conv2d", &conv2d_cuda);
+  m.impl("_forward_algorithm", &forward_algorithm_cuda);
 }
 
 }  // namespace cuda

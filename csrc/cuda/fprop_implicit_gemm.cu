@@ -30,27 +30,28 @@ namespace {
 namespace cfg = igemm_fprop;
 
 // Weights [Cout][Cin/g][KH][KW] -> per (group, co tile):
-// [chunk][kh][kw][pair of n-fragments (4)][lane (32)][b0, b1 of fragment
-// 2*pair, b0, b1 of fragment 2*pair+1], zero outside the real channels,
-// already rounded to TF32 in TF32 mode.
-// A lane then loads its B fragments for two n-fragments with one 16-byte
-// read, and one kernel row of one chunk is a contiguous stage.
+// [chunk][kh][kw][one tap's B tile of 64 channels x 8 input channels], zero
+// outside the real channels, so that one kernel row of one chunk is a
+// contiguous stage. The tap tile is laid out for its main loop:
+// - mma.sync: [pair of n-fragments (4)][lane (32)][b0, b1 of fragment
+//   2*pair, b0, b1 of fragment 2*pair+1]: a lane loads its B fragments for
+//   two n-fragments with one 16-byte read. Rounded to TF32 in TF32 mode.
+// - wgmma: core matrices [n-block (8)][k-block (2)][n (8)][k (4)] (see
+//   wgmma_desc_k8), rounded in TF32 mode; for 3xTF32 the big parts, then
+//   the small parts as a second tile.
 __global__ void __launch_bounds__(kThreads)
     rearrange_weights_kernel(const ConvParams p, const float* __restrict__ w,
                              float* __restrict__ out, int chunks, int co_tiles,
-                             int64_t total, bool round_tf32) {
+                             int64_t total, bool wgmma, MathMode math) {
   const int KH = p.kernel_h, KW = p.kernel_w;
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
+  const bool split = wgmma && math == MathMode::kIEEE;
+  const int per_tap = cfg::weight_floats_per_tap(wgmma, split);
   for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * kThreads) {
-    int64_t q = e;
-    const int element = q & 3;
-    q >>= 2;
-    const int lane = q & 31;
-    q >>= 5;
-    const int pair = q & 3;
-    q >>= 2;
+    const int within = static_cast<int>(e % per_tap);
+    int64_t q = e / per_tap;
     const int kw = q % KW;
     q /= KW;
     const int kh = q % KH;
@@ -59,13 +60,27 @@ __global__ void __launch_bounds__(kThreads)
     q /= chunks;
     const int co_tile = q % co_tiles;
     const int g = q / co_tiles;
-    const int frag = 2 * pair + (element >> 1);
-    const int co = co_tile * cfg::kCo + frag * 8 + (lane >> 2);
-    const int ci = chunk * cfg::kChunk + (lane & 3) + 4 * (element & 1);
+    int n, k;
+    if (wgmma) {
+      n = ((within >> 6) & 7) * 8 + ((within >> 2) & 7);
+      k = ((within >> 5) & 1) * 4 + (within & 3);
+    } else {
+      const int element = within & 3, lane = (within >> 2) & 31, pair = within >> 7;
+      n = (2 * pair + (element >> 1)) * 8 + (lane >> 2);
+      k = (lane & 3) + 4 * (element & 1);
+    }
+    const int co = co_tile * cfg::kCo + n;
+    const int ci = chunk * cfg::kChunk + k;
     float v = 0.f;
     if (co < cout_g && ci < cin_g) {
       v = w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + kh * KW + kw];
-      if (round_tf32) v = __uint_as_float(tf32_round(v));
+      if (math == MathMode::kTF32) {
+        v = __uint_as_float(tf32_round(v));
+      } else if (split) {
+        uint32_t big, small;
+        tf32_split(v, big, small);
+        v = __uint_as_float(within < cfg::kCo * cfg::kChunk ? big : small);
+      }
     }
     out[e] = v;
   }
@@ -133,7 +148,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[kFrags][8][4],
   }
 }
 
-template <int KH_T, int KW_T, TcMath kMath>
+template <int KH_T, int KW_T, TcMath kMath, bool kWgmma>
 __global__ void __launch_bounds__(cfg::kThreads, 2)
     fprop_igemm_kernel(const ConvParams p, const float* __restrict__ x,
                        const float* __restrict__ w_frag,
@@ -151,7 +166,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   const int sh = KH_T > 0 ? 1 : p.stride_h, sw = KH_T > 0 ? 1 : p.stride_w;
   const int dh = p.dilation_h, dw = p.dilation_w;
   const int rows_per_stage = L.rows_per_stage;
-  const int stage_floats = rows_per_stage * KW * cfg::kWeightFloatsPerTap;
+  const int stage_floats = rows_per_stage * KW * L.weight_floats_per_tap;
   // Buffers as offsets from `smem`, not as an array of pointers: indexing a
   // pointer array loses the shared address space and turns every operand
   // read into a generic load with 64-bit address arithmetic.
@@ -231,6 +246,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         // whose buffers the prefetch of stage s+1 then refills while stage s
         // computes.
         cp_async_wait<0>();
+        if constexpr (kWgmma) fence_proxy_async_smem();  // B is read by wgmma
         __syncthreads();
         if (s + 1 < stages) {
           // The next chunk's halo goes in during this chunk's last stage.
@@ -250,17 +266,15 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         const int row_step = dh * L.halo_cols - (KW - 1) * dw;
         int off = halo_at(chunk & 1) + a_lane + kh0 * dh * L.halo_cols;
         int kw = 0;
-        auto load_tap = [&](int t, TapOperands<cfg::kWarpFrags>& op) {
+        auto load_a = [&](float (&a)[cfg::kWarpFrags][4]) {  // and step to the next tap
 #pragma unroll
           for (int f = 0; f < cfg::kWarpFrags; ++f) {
             const float* lo = smem + off + (f >> 1) * a_next_row + (f & 1) * a_next_frag;
-            op.a[f][0] = lo[0];
-            op.a[f][1] = lo[a_next_col];
-            op.a[f][2] = lo[a_next_ch];
-            op.a[f][3] = lo[a_next_ch + a_next_col];
+            a[f][0] = lo[0];
+            a[f][1] = lo[a_next_col];
+            a[f][2] = lo[a_next_ch];
+            a[f][3] = lo[a_next_ch + a_next_col];
           }
-#pragma unroll
-          for (int pr = 0; pr < 4; ++pr) op.b[pr] = wb[t * 4 * 32 + pr * 32];
           if (++kw == KW) {
             kw = 0;
             off += row_step;
@@ -268,7 +282,108 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
             off += dw;
           }
         };
-        if constexpr (kMath == TcMath::kTF32) {
+        auto load_tap = [&](int t, TapOperands<cfg::kWarpFrags>& op) {
+          load_a(op.a);
+#pragma unroll
+          for (int pr = 0; pr < 4; ++pr) op.b[pr] = wb[t * 4 * 32 + pr * 32];
+        };
+        if constexpr (kWgmma && kMath == TcMath::k3xTF32) {
+          // Per tap and m16 fragment, small*big + big*small + big*big into a
+          // zeroed temporary (the first wgmma does not accumulate), which
+          // is then added to the sum with round-to-nearest FADDs, as in the
+          // mma.sync loop. Two temporaries alternate so that one fragment's
+          // wgmmas run while the other's sum is added.
+          const uint32_t tap_big = smem_addr(smem + weights_at(s & 1));
+          const uint32_t tap_bytes = 4 * L.weight_floats_per_tap;
+          const uint32_t small_offset = 4 * cfg::kCo * cfg::kChunk;
+#pragma unroll 1
+          for (int t = 0; t < taps; ++t) {
+            uint32_t a_big[cfg::kWarpFrags][4], a_small[cfg::kWarpFrags][4];
+            {
+              float a[cfg::kWarpFrags][4];
+              load_a(a);
+#pragma unroll
+              for (int f = 0; f < cfg::kWarpFrags; ++f)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) tf32_split(a[f][i], a_big[f][i], a_small[f][i]);
+            }
+            const uint64_t big = wgmma_desc_k8(tap_big + t * tap_bytes);
+            const uint64_t small = wgmma_desc_k8(tap_big + t * tap_bytes + small_offset);
+            float tmp[2][8][4];
+            auto issue = [&](int f) {
+              wgmma_fence();
+              wgmma_m64n64k8_tf32(tmp[f & 1], a_small[f], big, false);
+              wgmma_m64n64k8_tf32(tmp[f & 1], a_big[f], small, true);
+              wgmma_m64n64k8_tf32(tmp[f & 1], a_big[f], big, true);
+              wgmma_commit();
+            };
+            auto add = [&](int f) {
+              wgmma_fence_operands(tmp[f & 1]);
+#pragma unroll
+              for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[f][j][i] += tmp[f & 1][j][i];
+            };
+            static_assert(cfg::kWarpFrags == 4, "the issue/add sequence below");
+            issue(0);
+            issue(1);
+            wgmma_wait<1>();
+            add(0);
+            issue(2);
+            wgmma_wait<1>();
+            add(1);
+            issue(3);
+            wgmma_wait<1>();
+            add(2);
+            wgmma_wait<0>();
+            add(3);
+          }
+        } else if constexpr (kWgmma) {
+          // The warpgroup (the whole block) issues one m64n64k8 per m16
+          // fragment of its warps: B comes straight from the staged weights,
+          // A from registers, which must stay untouched until the wgmma
+          // group reading them has completed, hence two register sets.
+          const uint32_t b_stage = smem_addr(smem + weights_at(s & 1));
+          const uint32_t tap_bytes = 4 * L.weight_floats_per_tap;
+          using AFrags = uint32_t[cfg::kWarpFrags][4];
+          auto load_rounded = [&](AFrags& ab) {
+            float a[cfg::kWarpFrags][4];
+            load_a(a);
+#pragma unroll
+            for (int f = 0; f < cfg::kWarpFrags; ++f)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) ab[f][i] = tf32_round(a[f][i]);
+          };
+          auto issue = [&](int t, const AFrags& ab) {
+            const uint64_t desc = wgmma_desc_k8(b_stage + t * tap_bytes);
+            wgmma_fence();
+#pragma unroll
+            for (int f = 0; f < cfg::kWarpFrags; ++f) {
+              wgmma_m64n64k8_tf32(acc[f], ab[f], desc, true);
+            }
+            wgmma_commit();
+          };
+          AFrags ab0, ab1;
+          load_rounded(ab0);
+#pragma unroll 1
+          for (int t = 0; t < taps; t += 2) {
+            issue(t, ab0);
+            if (t + 1 < taps) {
+              wgmma_wait<1>();  // tap t-1, the last reader of ab1, is done
+              load_rounded(ab1);
+              issue(t + 1, ab1);
+              if (t + 2 < taps) {
+                wgmma_wait<1>();  // tap t is done with ab0
+                load_rounded(ab0);
+              }
+            }
+          }
+          // The next stage's prefetch overwrites these weights, and the
+          // epilogue reads the accumulators.
+          wgmma_wait<0>();
+#pragma unroll
+          for (int f = 0; f < cfg::kWarpFrags; ++f) wgmma_fence_operands(acc[f]);
+        } else if constexpr (kMath == TcMath::kTF32) {
           // Software-pipelined by hand, two taps per trip: the next tap's
           // shared loads are in flight while this tap's MMAs issue (with two
           // warps per scheduler, the load latency is otherwise exposed).
@@ -325,17 +440,18 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 
 void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
                                 const at::Tensor& w, const float* bias,
-                                at::Tensor& y, MathMode math) {
-  const cfg::Layout L = cfg::layout(p);
+                                at::Tensor& y, MathMode math, bool wgmma) {
+  const bool split = wgmma && math == MathMode::kIEEE;  // weights pre-split
+  const cfg::Layout L = cfg::layout(p, cfg::weight_floats_per_tap(wgmma, split));
   auto stream = at::cuda::getCurrentCUDAStream();
 
   const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * p.kernel_h *
-                        p.kernel_w * cfg::kWeightFloatsPerTap;
-  at::Tensor w_frag = at::empty({total}, w.options());
+                        p.kernel_w * L.weight_floats_per_tap;
+  at::Tensor w_tiles = at::empty({total}, w.options());
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
-      p, w.data_ptr<float>(), w_frag.data_ptr<float>(), L.chunks, L.co_tiles, total,
-      math == MathMode::kTF32);
+      p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.co_tiles, total,
+      wgmma, math);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const dim3 grid(ceil_div(p.out_h, cfg::kRows) * ceil_div(p.out_w, cfg::kCols),
@@ -344,12 +460,15 @@ void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
   const bool unit_stride = p.stride_h == 1 && p.stride_w == 1;
   dispatch_kernel_size(p.kernel_h, p.kernel_w, unit_stride, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-    auto kernel = math == MathMode::kTF32
-                      ? fprop_igemm_kernel<KH, KW, TcMath::kTF32>
-                      : fprop_igemm_kernel<KH, KW, TcMath::k3xTF32>;
+    auto kernel = wgmma ? (math == MathMode::kTF32
+                               ? fprop_igemm_kernel<KH, KW, TcMath::kTF32, true>
+                               : fprop_igemm_kernel<KH, KW, TcMath::k3xTF32, true>)
+                  : math == MathMode::kTF32
+                      ? fprop_igemm_kernel<KH, KW, TcMath::kTF32, false>
+                      : fprop_igemm_kernel<KH, KW, TcMath::k3xTF32, false>;
     ensure_dynamic_smem(kernel, L.smem_bytes);
     kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
-        p, x.data_ptr<float>(), w_frag.data_ptr<float>(), bias,
+        p, x.data_ptr<float>(), w_tiles.data_ptr<float>(), bias,
         y.data_ptr<float>(), L);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

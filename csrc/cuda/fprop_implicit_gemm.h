@@ -9,10 +9,11 @@
 namespace conv2d_ext {
 namespace cuda {
 
-// x, w contiguous float32; bias may be null. Chosen by choose_plan().
+// x, w contiguous float32; bias may be null. Chosen by choose_plan():
+// wgmma (Algo::kImplicitGemmSm90) is the Hopper main loop.
 void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
                                 const at::Tensor& w, const float* bias,
-                                at::Tensor& y, MathMode math);
+                                at::Tensor& y, MathMode math, bool wgmma);
 
 }  // namespace cuda
 }  // namespace conv2d_ext

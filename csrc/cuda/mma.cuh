@@ -83,5 +83,85 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// ---- Hopper (sm_90a) warpgroup MMA -------------------------------------
+// Compiled only where the architecture-specific features exist; the plan
+// picks the wgmma kernels only on sm_90 in a build that has sm_90a code.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CONV2D_EXT_WGMMA 1
+#endif
+
+// Shared-memory matrix descriptor of a K-major TF32 operand without
+// swizzle, stored as 8-row x 16-byte core matrices: (n-block, k-block) at
+// (2 * n-block + k-block) * 128 bytes, so the two k-halves of a k8 step are
+// 128 bytes apart (leading offset) and n-blocks 256 bytes (stride offset).
+__device__ __forceinline__ uint64_t wgmma_desc_k8(uint32_t smem_byte_addr) {
+  return uint64_t((smem_byte_addr >> 4) & 0x3fff) | (uint64_t(128 >> 4) << 16) |
+         (uint64_t(256 >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef CONV2D_EXT_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef CONV2D_EXT_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef CONV2D_EXT_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// Makes shared memory written through the generic proxy (cp.async, st)
+// visible to wgmma's operand reads.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#ifdef CONV2D_EXT_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Keeps the compiler from moving accesses of registers an in-flight wgmma
+// owns across the wait that ends it.
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
+}
+
+// D (64 x 64 per warpgroup; this warp's 16 rows as eight n8 fragments laid
+// out like mma.sync's) = A * B (+ D if accumulate). A: this warp's 16 x 8
+// TF32 fragment in registers (mma.sync m16n8k8 layout); B: 8 x 64 at desc.
+__device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4],
+                                                    const uint32_t (&a)[4],
+                                                    uint64_t desc, bool accumulate) {
+#ifdef CONV2D_EXT_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc),
+        "r"(int(accumulate)));
+#else
+  __trap();  // the plan never picks wgmma kernels without sm_90a code
+#endif
+}
+
 }  // namespace cuda
 }  // namespace conv2d_ext
