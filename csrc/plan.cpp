@@ -59,6 +59,14 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   return plan;
 }
 
+std::string forward_algorithm(const at::Tensor& input, const at::Tensor& weight,
+                              c10::IntArrayRef stride, c10::IntArrayRef padding,
+                              c10::IntArrayRef dilation, int64_t groups, int sm) {
+  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
+                                         padding, dilation, groups);
+  return to_string(choose_plan(p, Pass::kFprop, input.scalar_type(), sm).algo);
+}
+
 bool built_with_sm90a() {
 #ifdef CONV2D_EXT_SM90A
   return true;

@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 #include "conv_params.h"
 
 namespace conv2d_ext {
@@ -45,6 +47,12 @@ bool set_hopper_kernels(bool enable);
 
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
+
+// The algorithm a forward of these arguments runs now on a device of
+// compute capability `sm` (0: CPU); backs the _forward_algorithm op.
+std::string forward_algorithm(const at::Tensor& input, const at::Tensor& weight,
+                              c10::IntArrayRef stride, c10::IntArrayRef padding,
+                              c10::IntArrayRef dilation, int64_t groups, int sm);
 
 const char* to_string(Algo algo);
 const char* to_string(MathMode math);

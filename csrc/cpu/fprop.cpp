@@ -82,9 +82,7 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
 std::string forward_algorithm_cpu(const at::Tensor& input, const at::Tensor& weight,
                                   c10::IntArrayRef stride, c10::IntArrayRef padding,
                                   c10::IntArrayRef dilation, int64_t groups) {
-  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
-                                         padding, dilation, groups);
-  return to_string(choose_plan(p, Pass::kFprop, input.scalar_type(), /*sm=*/0).algo);
+  return forward_algorithm(input, weight, stride, padding, dilation, groups, /*sm=*/0);
 }
 
 TORCH_LIBRARY_IMPL(conv2d_ext, CPU, m) {

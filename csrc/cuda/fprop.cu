@@ -179,9 +179,7 @@ std::string forward_algorithm_cuda(const at::Tensor& input, const at::Tensor& we
                                    c10::IntArrayRef stride, c10::IntArrayRef padding,
                                    c10::IntArrayRef dilation, int64_t groups) {
   const c10::cuda::CUDAGuard guard(input.device());
-  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
-                                         padding, dilation, groups);
-  return to_string(choose_plan(p, Pass::kFprop, input.scalar_type(), current_sm()).algo);
+  return forward_algorithm(input, weight, stride, padding, dilation, groups, current_sm());
 }
 
 TORCH_LIBRARY_IMPL(conv2d_ext, CUDA, m) {

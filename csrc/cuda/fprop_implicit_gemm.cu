@@ -383,24 +383,9 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
           wgmma_wait<0>();
 #pragma unroll
           for (int f = 0; f < cfg::kWarpFrags; ++f) wgmma_fence_operands(acc[f]);
-        } else if constexpr (kMath == TcMath::kTF32) {
-          // Software-pipelined by hand, two taps per trip: the next tap's
-          // shared loads are in flight while this tap's MMAs issue (with two
-          // warps per scheduler, the load latency is otherwise exposed).
-          TapOperands<cfg::kWarpFrags> op0, op1;
-          load_tap(0, op0);
-#pragma unroll 1
-          for (int t = 0; t < taps; t += 2) {
-            if (t + 1 < taps) load_tap(t + 1, op1);
-            mma_step<kMath>(acc, op0);
-            if (t + 1 < taps) {
-              if (t + 2 < taps) load_tap(t + 2, op0);
-              mma_step<kMath>(acc, op1);
-            }
-          }
         } else {
-          // 3xTF32 has the registers for one tap's operands only; its
-          // splits and sums give the loads time to land.
+          // mma.sync, both modes. Loading the next tap's operands during
+          // this tap's MMAs (two register sets) measured no faster.
 #pragma unroll 1
           for (int t = 0; t < taps; ++t) {
             TapOperands<cfg::kWarpFrags> op;
