@@ -31,6 +31,9 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // setting.
   m.def("_set_hopper_kernels(bool enable) -> bool",
         &conv2d_ext::set_hopper_kernels);
+  // Tests only: whether the plan may pick the flat wgmma forward, so that
+  // the other wgmma forward stays tested on unit-stride shapes.
+  m.def("_set_flat_kernels(bool enable) -> bool", &conv2d_ext::set_flat_kernels);
   // The algorithm the forward would run for these arguments now, e.g. for
   // tests to check which kernels they cover.
   m.def(

@@ -15,9 +15,11 @@ namespace conv2d_ext {
 
 namespace {
 std::atomic<bool> g_hopper_kernels{true};
+std::atomic<bool> g_flat_kernels{true};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
+bool set_flat_kernels(bool enable) { return g_flat_kernels.exchange(enable); }
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws
@@ -48,9 +50,12 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
     // sm_90a code runs on compute capability 9.0 only; other GPUs get the
     // mma.sync loop (sm_80 and newer).
     const bool split = plan.math == MathMode::kIEEE;  // 3xTF32
-    if (sm == 90 && built_with_sm90a() &&
-        g_hopper_kernels.load(std::memory_order_relaxed) &&
-        igemm_fprop::fits(p, /*wgmma=*/true, split)) {
+    const bool hopper = sm == 90 && built_with_sm90a() &&
+                        g_hopper_kernels.load(std::memory_order_relaxed);
+    if (hopper && g_flat_kernels.load(std::memory_order_relaxed) &&
+        igemm_fprop_flat::fits(p, split)) {
+      plan.algo = Algo::kImplicitGemmSm90Flat;
+    } else if (hopper && igemm_fprop::fits(p, /*wgmma=*/true, split)) {
       plan.algo = Algo::kImplicitGemmSm90;
     } else if (sm >= 80 && igemm_fprop::fits(p, /*wgmma=*/false, /*split=*/false)) {
       plan.algo = Algo::kImplicitGemm;
@@ -83,6 +88,8 @@ const char* to_string(Algo algo) {
       return "implicit_gemm";
     case Algo::kImplicitGemmSm90:
       return "implicit_gemm_sm90";
+    case Algo::kImplicitGemmSm90Flat:
+      return "implicit_gemm_sm90_flat";
   }
   return "?";
 }

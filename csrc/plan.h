@@ -22,6 +22,7 @@ enum class Algo {
   kDirect,        // FFMA direct convolution: every dtype, every shape, every GPU
   kImplicitGemm,  // tensor-core implicit GEMM (float32, sm_80+): TF32 or 3xTF32
   kImplicitGemmSm90,  // the same tiles on Hopper's wgmma (sm_90a code): TF32 or 3xTF32
+  kImplicitGemmSm90Flat,  // wgmma with pixels as N, halo channel-interleaved (unit stride)
 };
 
 struct Plan {
@@ -44,6 +45,10 @@ bool built_with_sm90a();
 // Tests only: allow (default) or forbid the Hopper kernels. Returns the
 // previous setting.
 bool set_hopper_kernels(bool enable);
+
+// Tests only: allow (default) or forbid the flat sm_90 kernel, so that the
+// other wgmma kernel can be tested on unit-stride shapes too.
+bool set_flat_kernels(bool enable);
 
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);

@@ -2,6 +2,8 @@
 // and by the plan that decides whether a problem fits them.
 #pragma once
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "conv_params.h"
@@ -73,4 +75,96 @@ inline bool fits(const ConvParams& p, bool wgmma, bool split) {
 }
 
 }  // namespace igemm_fprop
+}  // namespace conv2d_ext
+
+namespace conv2d_ext {
+// Hopper forward with output channels as wgmma's M and pixels as its N (see
+// csrc/cuda/fprop_sm90_flat.cu). The input halo of a block is stored
+// channel-interleaved ([4-channel plane][pixel][4 channels], i.e. K-major
+// core matrices) and flattened with a row pitch P, so that the N pixels of
+// one tap are consecutive 16-byte rows for any tap: output (r, c) reads halo
+// pixel (r + kh) * P + c + kw * dilation_w. Columns c >= P - (KW-1)*dw wrap
+// into the next row: they are computed and dropped.
+namespace igemm_fprop_flat {
+
+constexpr int kCo = 64;       // M: output channels per block (wgmma m64)
+constexpr int kPix = 256;     // N: flattened output positions, two n128 halves
+constexpr int kHalf = 128;
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: 4 warps x 32 lanes x 4
+constexpr int64_t kMaxSmemBytes = 200 * 1024;
+constexpr int64_t kTwoBlocksSmemBytes = 112 * 1024;  // per block, for 2 blocks/SM
+
+struct Layout {
+  int log2_pitch;  // P = 1 << log2_pitch; rows = kPix / P output rows per block
+  int rows, out_cols;  // output rows and columns of a block's tile
+  int tiles_w, tiles_h;  // tiles_h counts the dilation phases of the rows
+  int halo_pixels;
+  int ksteps;  // k8 steps per chunk: a chunk is 8 * ksteps input channels
+  int chunks, co_tiles;
+  int rows_per_stage;  // kernel rows per weight stage: all, or one
+  int64_t smem_bytes;  // INT64_MAX when nothing fits
+};
+
+// Rows of a block are oh0 + dilation_h * r (one phase of the rows), so the
+// halo rows a block needs are consecutive in that phase: rows + KH - 1.
+inline Layout layout(const ConvParams& p, bool split, int log2_pitch) {
+  Layout l{};
+  l.smem_bytes = INT64_MAX;
+  const int64_t pitch = int64_t(1) << log2_pitch;
+  const int64_t out_cols = pitch - (p.kernel_w - 1) * p.dilation_w;
+  if (out_cols < 1 || p.stride_h != 1 || p.stride_w != 1) return l;
+  l.log2_pitch = log2_pitch;
+  l.rows = static_cast<int>(kPix / pitch);
+  l.out_cols = static_cast<int>(out_cols);
+  l.tiles_w = static_cast<int>((p.out_w + out_cols - 1) / out_cols);
+  const int64_t rows_span = int64_t(l.rows) * p.dilation_h;
+  l.tiles_h = static_cast<int>((p.out_h + rows_span - 1) / rows_span * p.dilation_h);
+  const int64_t halo = kPix + (p.kernel_h - 1) * pitch + (p.kernel_w - 1) * p.dilation_w;
+  l.halo_pixels = static_cast<int>(halo);
+  const int64_t taps = p.kernel_h * p.kernel_w;
+  l.rows_per_stage = taps <= 16 ? static_cast<int>(p.kernel_h) : 1;
+  const int64_t stage_taps = l.rows_per_stage * p.kernel_w;
+  // Short stages (1x1) take several k8 steps per chunk so that a stage
+  // holds enough MMAs between barriers.
+  const int64_t cin_steps = (p.in_channels_per_group() + 7) / 8;
+  l.ksteps = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>({(8 + stage_taps - 1) / stage_taps, 4, cin_steps})));
+  auto smem = [&](int ksteps) {
+    const int64_t halo_bytes = 2 * ksteps * halo * 16 * (split ? 2 : 1);
+    const int64_t weight_bytes = stage_taps * ksteps * kStepFloats * 4;
+    return 2 * (halo_bytes + weight_bytes);
+  };
+  while (l.ksteps > 1 && smem(l.ksteps) > kTwoBlocksSmemBytes) --l.ksteps;
+  l.chunks = static_cast<int>((p.in_channels_per_group() + 8 * l.ksteps - 1) / (8 * l.ksteps));
+  l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
+  l.smem_bytes = smem(l.ksteps);
+  if (l.smem_bytes > kMaxSmemBytes) l.smem_bytes = INT64_MAX;
+  return l;
+}
+
+// The pitch with the fewest computed positions (dropped columns and rows
+// included); one block per SM counts as 1.5 times the work.
+inline Layout choose_layout(const ConvParams& p, bool split) {
+  Layout best{};
+  best.smem_bytes = INT64_MAX;
+  double best_cost = 0;
+  for (int log2_pitch = 8; log2_pitch >= 5; --log2_pitch) {
+    const Layout l = layout(p, split, log2_pitch);
+    if (l.smem_bytes == INT64_MAX) continue;
+    const double cost = double(l.tiles_w) * l.tiles_h *
+                        (l.smem_bytes > kTwoBlocksSmemBytes ? 1.5 : 1.0);
+    if (best.smem_bytes == INT64_MAX || cost < best_cost) {
+      best = l;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+inline bool fits(const ConvParams& p, bool split) {
+  return choose_layout(p, split).smem_bytes != INT64_MAX;
+}
+
+}  // namespace igemm_fprop_flat
 }  // namespace conv2d_ext

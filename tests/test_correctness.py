@@ -42,6 +42,13 @@ TENSOR_CORE = [
     (1, 16, 13, 40, 24, (4, 6), (1, 2), (2, 1), (2, 1), 1, False),
     (2, 16, 8, 64, 16, (3, 3), (2, 1), 1, (1, 2), 1, True),
     (1, 9, 5, 7, 9, (3, 3), 1, 1, 1, 1, True),
+    # Wide rows for the flat sm_90 kernel: several column tiles of each row
+    # pitch, odd row counts over the dilation phases, several k8 steps per
+    # chunk (1x1) with a partial last chunk.
+    (1, 8, 11, 300, 64, (5, 9), 1, (2, 4), (2, 3), 1, True),
+    (1, 16, 7, 520, 16, (3, 3), 1, 1, 1, 1, False),
+    (2, 8, 13, 200, 8, (2, 11), 1, (1, 5), (3, 2), 1, True),
+    (1, 40, 5, 270, 72, (1, 1), 1, 0, 1, 1, True),
 ]
 
 
@@ -107,15 +114,34 @@ def test_cuda_mma_sync_kernels(case, precision):
         torch.ops.conv2d_ext._set_hopper_kernels(previous)
 
 
+def _is_hopper_build():
+    major, minor = torch.cuda.get_device_capability()
+    return (major, minor) == (9, 0) and "9.0" in (conv2d_ext.build_info()["cuda_archs"] or "")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", TENSOR_CORE, ids=[f"tc{i}" for i in range(len(TENSOR_CORE))])
+def test_cuda_sm90_pixels_in_m_kernels(case, precision):
+    """On a Hopper GPU unit-stride shapes run the flat wgmma kernel; the
+    other wgmma kernel (strided shapes) is checked on all cases here."""
+    if not _is_hopper_build():
+        pytest.skip("needs sm_90 and a build with sm_90a code")
+    previous = torch.ops.conv2d_ext._set_flat_kernels(False)
+    try:
+        _run(case, "cuda", torch.float32)
+    finally:
+        torch.ops.conv2d_ext._set_flat_kernels(previous)
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     """The TENSOR_CORE cases test what they claim: on sm_80+ the plan sends
     all of them to a tensor-core kernel, and on sm_90 to wgmma when the
-    build has sm_90a code."""
+    build has sm_90a code: the flat kernel at unit stride."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
-    hopper = (major, minor) == (9, 0) and "9.0" in (conv2d_ext.build_info()["cuda_archs"] or "")
+    hopper = _is_hopper_build()
     for case in TENSOR_CORE:
         n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
         x = torch.empty(n, cin, h, w, device="cuda")
@@ -123,7 +149,11 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         pad = padding if isinstance(padding, tuple) else (padding, padding)
         pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
         algo = torch.ops.conv2d_ext._forward_algorithm(x, wt, pair(stride), pad, pair(dilation), groups)
-        expected = "implicit_gemm_sm90" if hopper else "implicit_gemm"
+        unit_stride = pair(stride) == (1, 1)
+        if not hopper:
+            expected = "implicit_gemm"
+        else:
+            expected = "implicit_gemm_sm90_flat" if unit_stride else "implicit_gemm_sm90"
         assert algo == expected, f"{case}: {algo}, expected {expected}"
 
 

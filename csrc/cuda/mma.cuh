@@ -94,9 +94,17 @@ __device__ __forceinline__ void cp_async_wait() {
 // swizzle, stored as 8-row x 16-byte core matrices: (n-block, k-block) at
 // (2 * n-block + k-block) * 128 bytes, so the two k-halves of a k8 step are
 // 128 bytes apart (leading offset) and n-blocks 256 bytes (stride offset).
+// General form: `leading` bytes between the two k-halves (4 channels each)
+// of a k8 step, `stride` bytes between groups of 8 rows of M or N.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_byte_addr, uint32_t leading,
+                                               uint32_t stride) {
+  return uint64_t((smem_byte_addr >> 4) & 0x3fff) |
+         (uint64_t((leading >> 4) & 0x3fff) << 16) |
+         (uint64_t((stride >> 4) & 0x3fff) << 32);
+}
+
 __device__ __forceinline__ uint64_t wgmma_desc_k8(uint32_t smem_byte_addr) {
-  return uint64_t((smem_byte_addr >> 4) & 0x3fff) | (uint64_t(128 >> 4) << 16) |
-         (uint64_t(256 >> 4) << 32);
+  return wgmma_desc(smem_byte_addr, 128, 256);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -161,6 +169,49 @@ __device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4],
 #else
   __trap();  // the plan never picks wgmma kernels without sm_90a code
 #endif
+}
+
+// As wgmma_m64n64k8_tf32 with N = 128: sixteen n8 fragments per warp.
+__device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[16][4],
+                                                     const uint32_t (&a)[4],
+                                                     uint64_t desc, bool accumulate) {
+#ifdef CONV2D_EXT_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "{%64,%65,%66,%67}, %68, p, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc),
+        "r"(int(accumulate)));
+#else
+  __trap();  // the plan never picks wgmma kernels without sm_90a code
+#endif
+}
+
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[16][4]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
 }
 
 }  // namespace cuda
