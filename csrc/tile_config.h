@@ -88,15 +88,18 @@ namespace conv2d_ext {
 namespace igemm_fprop_flat {
 
 constexpr int kCo = 64;       // M: output channels per block (wgmma m64)
-constexpr int kPix = 256;     // N: flattened output positions, two n128 halves
-constexpr int kHalf = 128;
+constexpr int kHalf = 128;    // N of one wgmma: 128 flattened output positions
+// Positions per block: two n128 halves for TF32 (both read one A fragment);
+// one for 3xTF32, whose per-step temporaries (two, so that one step's
+// wgmmas run while the other's sum is added) need the registers.
+C10_HOST_DEVICE constexpr int halves(bool split) { return split ? 1 : 2; }
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: 4 warps x 32 lanes x 4
 constexpr int64_t kMaxSmemBytes = 200 * 1024;
 constexpr int64_t kTwoBlocksSmemBytes = 112 * 1024;  // per block, for 2 blocks/SM
 
 struct Layout {
-  int log2_pitch;  // P = 1 << log2_pitch; rows = kPix / P output rows per block
+  int log2_pitch;  // P = 1 << log2_pitch; rows = positions / P output rows per block
   int rows, out_cols;  // output rows and columns of a block's tile
   int tiles_w, tiles_h;  // tiles_h counts the dilation phases of the rows
   int halo_pixels;
@@ -112,15 +115,16 @@ inline Layout layout(const ConvParams& p, bool split, int log2_pitch) {
   Layout l{};
   l.smem_bytes = INT64_MAX;
   const int64_t pitch = int64_t(1) << log2_pitch;
+  const int64_t positions = kHalf * halves(split);
   const int64_t out_cols = pitch - (p.kernel_w - 1) * p.dilation_w;
-  if (out_cols < 1 || p.stride_h != 1 || p.stride_w != 1) return l;
+  if (out_cols < 1 || pitch > positions || p.stride_h != 1 || p.stride_w != 1) return l;
   l.log2_pitch = log2_pitch;
-  l.rows = static_cast<int>(kPix / pitch);
+  l.rows = static_cast<int>(positions / pitch);
   l.out_cols = static_cast<int>(out_cols);
   l.tiles_w = static_cast<int>((p.out_w + out_cols - 1) / out_cols);
   const int64_t rows_span = int64_t(l.rows) * p.dilation_h;
   l.tiles_h = static_cast<int>((p.out_h + rows_span - 1) / rows_span * p.dilation_h);
-  const int64_t halo = kPix + (p.kernel_h - 1) * pitch + (p.kernel_w - 1) * p.dilation_w;
+  const int64_t halo = positions + (p.kernel_h - 1) * pitch + (p.kernel_w - 1) * p.dilation_w;
   l.halo_pixels = static_cast<int>(halo);
   const int64_t taps = p.kernel_h * p.kernel_w;
   l.rows_per_stage = taps <= 16 ? static_cast<int>(p.kernel_h) : 1;
@@ -143,8 +147,8 @@ inline Layout layout(const ConvParams& p, bool split, int log2_pitch) {
   return l;
 }
 
-// The pitch with the fewest computed positions (dropped columns and rows
-// included); one block per SM counts as 1.5 times the work.
+// The pitch with the fewest blocks (dropped columns and rows included);
+// one block per SM counts as 1.5 times the work.
 inline Layout choose_layout(const ConvParams& p, bool split) {
   Layout best{};
   best.smem_bytes = INT64_MAX;

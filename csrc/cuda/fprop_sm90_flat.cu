@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
                       float* __restrict__ y, const cfg::Layout L) {
   extern __shared__ __align__(16) float smem[];
   constexpr bool kSplit = kMath == TcMath::k3xTF32;
+  constexpr int kHalves = cfg::halves(kSplit);
   const int KH = static_or<KH_T>(p.kernel_h);
   const int KW = static_or<KW_T>(p.kernel_w);
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
@@ -179,9 +180,9 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         }
       };
 
-      float acc[2][16][4];
+      float acc[kHalves][16][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < kHalves; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         } else {
           cp_async_wait<0>();
         }
-        if (within == 0) convert_halo(chunk & 1);
+        if (s == 0) convert_halo(0);
         fence_proxy_async_smem();  // both operands are read by wgmma
         __syncthreads();
         // Stage s-1 is done everywhere: its weight buffer, and at a chunk's
@@ -216,6 +217,15 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
           cp_async_commit();
         }
 
+        // The next chunk's halo, copied since this chunk's first stage, is
+        // rounded or split while the last wgmmas of the chunk run.
+        const bool last_of_chunk = within == stages_per_chunk - 1 && chunk + 1 < L.chunks;
+        auto prepare_next_chunk = [&]() {
+          if (last_of_chunk) {
+            cp_async_wait<0>();
+            convert_halo((chunk + 1) & 1);
+          }
+        };
         const uint32_t halo_addr = smem_addr(smem + halo_at(chunk & 1));
         const uint32_t plane_bytes = 4 * plane_floats;
         const float* w_stage = smem + weights_at(s & 1) + 4 * threadIdx.x;
@@ -243,38 +253,56 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         constexpr uint64_t kHalfDesc = (cfg::kHalf * 16) >> 4;
 
         if constexpr (kSplit) {
-          // Per step and half, small*big + big*small + big*big into a
-          // zeroed temporary, added to the sum with round-to-nearest FADDs:
-          // the tensor cores truncate when they accumulate, a bias that
-          // would grow with the length of the chain.
+          // Per step, small*big + big*small + big*big into a zeroed
+          // temporary, added to the sum with round-to-nearest FADDs: the
+          // tensor cores truncate when they accumulate, a bias that would
+          // grow with the length of the chain. Two temporaries and two A
+          // register sets alternate, so that one step's wgmmas run while
+          // the previous step's temporary is added.
           const uint32_t small_bytes = 4 * part_floats;
-#pragma unroll 1
-          for (int t = 0; t < stage_steps; ++t) {
+          float tmp[2][16][4];
+          uint32_t a_big[2][4], a_small[2][4];
+          auto issue = [&](int t, int set) {
             const float4 raw = load_a(t);
-            uint32_t a_big[4], a_small[4];
-            tf32_split(raw.x, a_big[0], a_small[0]);
-            tf32_split(raw.y, a_big[1], a_small[1]);
-            tf32_split(raw.z, a_big[2], a_small[2]);
-            tf32_split(raw.w, a_big[3], a_small[3]);
+            tf32_split(raw.x, a_big[set][0], a_small[set][0]);
+            tf32_split(raw.y, a_big[set][1], a_small[set][1]);
+            tf32_split(raw.z, a_big[set][2], a_small[set][2]);
+            tf32_split(raw.w, a_big[set][3], a_small[set][3]);
             const uint64_t big = desc_of();
             const uint64_t small =
                 wgmma_desc(halo_addr + small_bytes + 16 * off + 2 * k * plane_bytes,
                            plane_bytes, 128);
             advance();
+            wgmma_fence();
+            wgmma_m64n128k8_tf32(tmp[set], a_small[set], big, false);
+            wgmma_m64n128k8_tf32(tmp[set], a_big[set], small, true);
+            wgmma_m64n128k8_tf32(tmp[set], a_big[set], big, true);
+            wgmma_commit();
+          };
+          auto add = [&](int set) {
+            wgmma_fence_operands(tmp[set]);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float tmp[16][4];
-              wgmma_fence();
-              wgmma_m64n128k8_tf32(tmp, a_small, big + h * kHalfDesc, false);
-              wgmma_m64n128k8_tf32(tmp, a_big, small + h * kHalfDesc, true);
-              wgmma_m64n128k8_tf32(tmp, a_big, big + h * kHalfDesc, true);
-              wgmma_commit();
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[0][j][i] += tmp[set][j][i];
+          };
+          // Two steps per iteration, all their wgmmas retired inside it:
+          // ptxas serialises every wgmma when a group can still be in flight
+          // across the loop's back edge while its temporary is read.
+#pragma unroll 1
+          for (int t = 0; t < stage_steps; t += 2) {
+            issue(t, 0);
+            if (t + 1 < stage_steps) {
+              issue(t + 1, 1);
+              if (t + 2 >= stage_steps) prepare_next_chunk();
+              wgmma_wait<1>();  // step t is done
+              add(0);
               wgmma_wait<0>();
-              wgmma_fence_operands(tmp);
-#pragma unroll
-              for (int j = 0; j < 16; ++j)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[h][j][i] += tmp[j][i];
+              add(1);
+            } else {
+              prepare_next_chunk();
+              wgmma_wait<0>();
+              add(0);
             }
           }
         } else {
@@ -291,7 +319,9 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
             advance();
             wgmma_fence();
             wgmma_m64n128k8_tf32(acc[0], a, desc, true);
-            wgmma_m64n128k8_tf32(acc[1], a, desc + kHalfDesc, true);
+            if constexpr (kHalves == 2) {
+              wgmma_m64n128k8_tf32(acc[1], a, desc + kHalfDesc, true);
+            }
             wgmma_commit();
           };
           uint32_t a0[4], a1[4];
@@ -309,10 +339,11 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
               }
             }
           }
+          prepare_next_chunk();
           // The next stage refills these buffers; the epilogue reads acc.
           wgmma_wait<0>();
           wgmma_fence_operands(acc[0]);
-          wgmma_fence_operands(acc[1]);
+          wgmma_fence_operands(acc[kHalves - 1]);
         }
       }
 
@@ -332,7 +363,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       float* y_lo = y + (int64_t(n) * p.out_channels + int64_t(g) * cout_g + co_lo) * Ho * Wo;
       const int64_t hi_offset = int64_t(8) * Ho * Wo;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < kHalves; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j)
 #pragma unroll
