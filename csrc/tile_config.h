@@ -89,14 +89,16 @@ namespace igemm_fprop_flat {
 
 constexpr int kCo = 64;       // M: output channels per block (wgmma m64)
 constexpr int kHalf = 128;    // N of one wgmma: 128 flattened output positions
-// Positions per block: two n128 halves for TF32 (both read one A fragment);
-// one for 3xTF32, whose per-step temporaries (two, so that one step's
-// wgmmas run while the other's sum is added) need the registers.
-C10_HOST_DEVICE constexpr int halves(bool split) { return split ? 1 : 2; }
-constexpr int kThreads = 128;  // one warpgroup
+constexpr int kPositions = 2 * kHalf;  // per block
+// TF32: one warpgroup computes both n128 halves (one A fragment feeds
+// two wgmmas). 3xTF32: two warpgroups, one half each, as its per-step
+// temporaries (two, so that one step's wgmmas run while the other's sum is
+// added) need the registers; both share the halo and weight stages.
+C10_HOST_DEVICE constexpr int warpgroups(bool split) { return split ? 2 : 1; }
+C10_HOST_DEVICE constexpr int threads(bool split) { return 128 * warpgroups(split); }
 constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: 4 warps x 32 lanes x 4
 constexpr int64_t kMaxSmemBytes = 200 * 1024;
-constexpr int64_t kTwoBlocksSmemBytes = 112 * 1024;  // per block, for 2 blocks/SM
+constexpr int64_t kTwoBlocksSmemBytes = 112 * 1024;  // per block, for 2 blocks/SM (TF32)
 
 struct Layout {
   int log2_pitch;  // P = 1 << log2_pitch; rows = positions / P output rows per block
@@ -115,7 +117,7 @@ inline Layout layout(const ConvParams& p, bool split, int log2_pitch) {
   Layout l{};
   l.smem_bytes = INT64_MAX;
   const int64_t pitch = int64_t(1) << log2_pitch;
-  const int64_t positions = kHalf * halves(split);
+  const int64_t positions = kPositions;
   const int64_t out_cols = pitch - (p.kernel_w - 1) * p.dilation_w;
   if (out_cols < 1 || pitch > positions || p.stride_h != 1 || p.stride_w != 1) return l;
   l.log2_pitch = log2_pitch;
@@ -148,7 +150,8 @@ inline Layout layout(const ConvParams& p, bool split, int log2_pitch) {
 }
 
 // The pitch with the fewest blocks (dropped columns and rows included);
-// one block per SM counts as 1.5 times the work.
+// for TF32 (two blocks per SM by registers), a layout that allows only one
+// counts as 1.5 times the work. 3xTF32 runs one 8-warp block per SM anyway.
 inline Layout choose_layout(const ConvParams& p, bool split) {
   Layout best{};
   best.smem_bytes = INT64_MAX;
@@ -157,7 +160,7 @@ inline Layout choose_layout(const ConvParams& p, bool split) {
     const Layout l = layout(p, split, log2_pitch);
     if (l.smem_bytes == INT64_MAX) continue;
     const double cost = double(l.tiles_w) * l.tiles_h *
-                        (l.smem_bytes > kTwoBlocksSmemBytes ? 1.5 : 1.0);
+                        (!split && l.smem_bytes > kTwoBlocksSmemBytes ? 1.5 : 1.0);
     if (best.smem_bytes == INT64_MAX || cost < best_cost) {
       best = l;
       best_cost = cost;

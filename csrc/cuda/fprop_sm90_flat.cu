@@ -6,7 +6,9 @@
 // operand bytes from shared memory as it does math; here a k8 step is one
 // m64n128k8 per half of the 256 positions, B (pixels) read straight from
 // shared memory and A (the weights of one tap, 4 registers per thread)
-// reused by both halves: half the shared-memory bytes per MMA.
+// reused by both halves: half the shared-memory bytes per MMA. 3xTF32
+// needs the registers for its temporaries, so there two warpgroups take a
+// half each and share the block's halo and weight stages.
 //
 // wgmma reads TF32 B only K-major, so the halo of a chunk of input channels
 // is stored channel-interleaved, [4-channel plane][pixel][4 channels], and
@@ -77,13 +79,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int KH_T, int KW_T, TcMath kMath>
-__global__ void __launch_bounds__(cfg::kThreads, 2)
+__global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
+                                  kMath == TcMath::k3xTF32 ? 1 : 2)
     fprop_flat_kernel(const ConvParams p, const float* __restrict__ x,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
                       float* __restrict__ y, const cfg::Layout L) {
   extern __shared__ __align__(16) float smem[];
   constexpr bool kSplit = kMath == TcMath::k3xTF32;
-  constexpr int kHalves = cfg::halves(kSplit);
+  constexpr int kThreadsT = cfg::threads(kSplit);
+  constexpr int kHalves = 2 / cfg::warpgroups(kSplit);  // n128 halves per warpgroup
   const int KH = static_or<KH_T>(p.kernel_h);
   const int KW = static_or<KW_T>(p.kernel_w);
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
@@ -107,7 +111,9 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   auto halo_at = [&](int buf) { return buf * halo_floats; };
   auto weights_at = [&](int buf) { return 2 * halo_floats + buf * stage_floats; };
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Warpgroup wg computes positions from wg * 128 (3xTF32 has two).
+  const int wg = threadIdx.x / 128, wg_thread = threadIdx.x % 128;
+  const int warp = wg_thread / 32, lane = threadIdx.x % 32;
   const int grp = lane >> 2, tig = lane & 3;
   const int tile_h = blockIdx.x / L.tiles_w;
   const int ow0 = (blockIdx.x - tile_h * L.tiles_w) * L.out_cols;
@@ -132,7 +138,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         const int c0 = chunk * 8 * L.ksteps;
         float* dst = smem + halo_at(buf);
 #pragma unroll 1
-        for (int idx = threadIdx.x; idx < halo_items; idx += cfg::kThreads) {
+        for (int idx = threadIdx.x; idx < halo_items; idx += kThreadsT) {
           const int plane = idx / hp, i = idx - plane * hp;
           const int ih = ih0 + dh * (i >> log2_pitch), iw = iw0 + (i & (pitch - 1));
           const bool in = ih >= 0 && ih < H && iw >= 0 && iw < W;
@@ -152,7 +158,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       auto convert_halo = [&](int buf) {
         float* dst = smem + halo_at(buf);
 #pragma unroll 1
-        for (int idx = threadIdx.x; idx < halo_items; idx += cfg::kThreads) {
+        for (int idx = threadIdx.x; idx < halo_items; idx += kThreadsT) {
           float4* v = reinterpret_cast<float4*>(dst) + idx;
           float4 t = *v;
           if constexpr (kSplit) {
@@ -175,7 +181,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       auto load_weights = [&](int stage, int buf) {
         const float* src = w_tile + int64_t(stage) * stage_floats;
         float* dst = smem + weights_at(buf);
-        for (int i = threadIdx.x; i < stage_floats / 4; i += cfg::kThreads) {
+        for (int i = threadIdx.x; i < stage_floats / 4; i += kThreadsT) {
           cp_async_16(dst + 4 * i, src + 4 * i);
         }
       };
@@ -228,13 +234,15 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         };
         const uint32_t halo_addr = smem_addr(smem + halo_at(chunk & 1));
         const uint32_t plane_bytes = 4 * plane_floats;
-        const float* w_stage = smem + weights_at(s & 1) + 4 * threadIdx.x;
+        const float* w_stage = smem + weights_at(s & 1) + 4 * wg_thread;
         // Step order: taps in (kernel row, kernel column) order, k8 steps
         // within a tap. `off` is the tap's first halo pixel.
         int off = within * L.rows_per_stage * pitch;
         int kw = 0, k = 0;
+        const uint32_t wg_bytes = 16 * cfg::kHalf * wg;  // this warpgroup's positions
         auto desc_of = [&]() {
-          return wgmma_desc(halo_addr + 16 * off + 2 * k * plane_bytes, plane_bytes, 128);
+          return wgmma_desc(halo_addr + wg_bytes + 16 * off + 2 * k * plane_bytes, plane_bytes,
+                            128);
         };
         auto advance = [&]() {
           if (++k < L.ksteps) return;
@@ -270,7 +278,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
             tf32_split(raw.w, a_big[set][3], a_small[set][3]);
             const uint64_t big = desc_of();
             const uint64_t small =
-                wgmma_desc(halo_addr + small_bytes + 16 * off + 2 * k * plane_bytes,
+                wgmma_desc(halo_addr + small_bytes + wg_bytes + 16 * off + 2 * k * plane_bytes,
                            plane_bytes, 128);
             advance();
             wgmma_fence();
@@ -349,8 +357,9 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 
       // Epilogue: row m of the tile is output channel co0 + m (this lane
       // holds rows m and m + 8); column o is position (o / P, o % P) of the
-      // flattened tile. Both rows are stored per position, so the position
-      // arithmetic is not kept live for a second pass.
+      // flattened tile. A lane's two accumulators of a row are neighbouring
+      // positions: stored as one 8-byte write where both are stored and
+      // aligned, so that the 4 lanes of a row fill a whole 32-byte sector.
       // The positions do not depend on the image or channel tile; hidden
       // behind an empty asm, they are not hoisted out of those loops, where
       // they would stay live (and spill) across the main loop.
@@ -360,23 +369,36 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       const bool lo_ok = co_lo < cout_g, hi_ok = co_hi < cout_g;
       const float bias_lo = bias != nullptr && lo_ok ? bias[g * cout_g + co_lo] : 0.f;
       const float bias_hi = bias != nullptr && hi_ok ? bias[g * cout_g + co_hi] : 0.f;
-      float* y_lo = y + (int64_t(n) * p.out_channels + int64_t(g) * cout_g + co_lo) * Ho * Wo;
+      const int64_t lo_plane = (int64_t(n) * p.out_channels + int64_t(g) * cout_g + co_lo) * Ho * Wo;
+      float* y_lo = y + lo_plane;
       const int64_t hi_offset = int64_t(8) * Ho * Wo;
+      // Parity of the element offset of (row 0, column 0) in both planes
+      // (8 planes apart: same parity).
+      const int parity = static_cast<int>(lo_plane & 1);
 #pragma unroll
       for (int h = 0; h < kHalves; ++h)
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int o = h * cfg::kHalf + j * 8 + col0 + i;
-            const int c = o & (pitch - 1);
-            const int oh = oh0 + dh * (o >> log2_pitch), ow = ow0 + c;
-            if (c < L.out_cols && ow < Wo && oh < Ho) {
-              float* dst = y_lo + oh * Wo + ow;
-              if (lo_ok) dst[0] = acc[h][j][i] + bias_lo;
-              if (hi_ok) dst[hi_offset] = acc[h][j][2 + i] + bias_hi;
+        for (int j = 0; j < 16; ++j) {
+          const int o = (wg + h) * cfg::kHalf + j * 8 + col0;  // even; o + 1 in the same row
+          const int c = o & (pitch - 1);
+          const int oh = oh0 + dh * (o >> log2_pitch), ow = ow0 + c;
+          if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
+          float* dst = y_lo + oh * Wo + ow;
+          const float* v = acc[h][j];
+          if (c + 1 < L.out_cols && ow + 1 < Wo && ((parity + oh * Wo + ow) & 1) == 0) {
+            if (lo_ok) *reinterpret_cast<float2*>(dst) = make_float2(v[0] + bias_lo, v[1] + bias_lo);
+            if (hi_ok) {
+              *reinterpret_cast<float2*>(dst + hi_offset) = make_float2(v[2] + bias_hi, v[3] + bias_hi);
+            }
+          } else {
+            if (lo_ok) dst[0] = v[0] + bias_lo;
+            if (hi_ok) dst[hi_offset] = v[2] + bias_hi;
+            if (c + 1 < L.out_cols && ow + 1 < Wo) {
+              if (lo_ok) dst[1] = v[1] + bias_lo;
+              if (hi_ok) dst[hi_offset + 1] = v[3] + bias_hi;
             }
           }
+        }
     }
   }
 }
@@ -408,7 +430,7 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::
     auto kernel = math == MathMode::kTF32 ? fprop_flat_kernel<KH, KW, TcMath::kTF32>
                                           : fprop_flat_kernel<KH, KW, TcMath::k3xTF32>;
     ensure_dynamic_smem(kernel, L.smem_bytes);
-    kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
+    kernel<<<grid, cfg::threads(split), L.smem_bytes, stream>>>(
         p, x.data_ptr<float>(), w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
