@@ -122,7 +122,6 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
 
   const int stages_per_chunk = KH / L.rows_per_stage;
   const int stages = L.chunks * stages_per_chunk;
-  const int halo_items = planes * hp;  // (plane, pixel) pairs: 4 channels each
   // Lanes of a warp write 16-byte rows; starting each group of 8 lanes on
   // a different channel puts their 4-byte copies in 32 different banks.
   const int ch_rot = lane >> 3;
@@ -136,20 +135,27 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
       const float* x_img = x + (int64_t(n) * p.in_channels + int64_t(g) * cin_g) * HW;
       auto load_halo = [&](int chunk, int buf) {
         const int c0 = chunk * 8 * L.ksteps;
-        float* dst = smem + halo_at(buf);
 #pragma unroll 1
-        for (int idx = threadIdx.x; idx < halo_items; idx += kThreadsT) {
-          const int plane = idx / hp, i = idx - plane * hp;
-          const int ih = ih0 + dh * (i >> log2_pitch), iw = iw0 + (i & (pitch - 1));
-          const bool in = ih >= 0 && ih < H && iw >= 0 && iw < W;
-          const float* src = x_img + (in ? ih * W + iw : 0);
+        for (int plane = 0; plane < planes; ++plane) {
+          // The plane's 4 channel pointers, in this lane's rotated order.
+          const float* src[4];
+          bool ch_ok[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int ch = (e + ch_rot) & 3;
-            const int c = c0 + plane * 4 + ch;
-            const bool ok = in && c < cin_g;
-            cp_async_4(dst + plane * plane_floats + 4 * i + ch,
-                       ok ? src + int64_t(c) * HW : x, ok);
+            const int c = c0 + plane * 4 + ((e + ch_rot) & 3);
+            ch_ok[e] = c < cin_g;
+            src[e] = x_img + int64_t(ch_ok[e] ? c : 0) * HW;
+          }
+          float* dst = smem + halo_at(buf) + plane * plane_floats;
+#pragma unroll 1
+          for (int i = threadIdx.x; i < hp; i += kThreadsT) {
+            const int ih = ih0 + dh * (i >> log2_pitch), iw = iw0 + (i & (pitch - 1));
+            const bool in = unsigned(ih) < unsigned(H) && unsigned(iw) < unsigned(W);
+            const int at = in ? ih * W + iw : 0;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              cp_async_4(dst + 4 * i + ((e + ch_rot) & 3), src[e] + at, in && ch_ok[e]);
+            }
           }
         }
       };
@@ -158,7 +164,10 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
       auto convert_halo = [&](int buf) {
         float* dst = smem + halo_at(buf);
 #pragma unroll 1
-        for (int idx = threadIdx.x; idx < halo_items; idx += kThreadsT) {
+        for (int plane = 0; plane < planes; ++plane)
+#pragma unroll 1
+        for (int i = threadIdx.x; i < hp; i += kThreadsT) {
+          const int idx = plane * hp + i;  // as load_halo visits them
           float4* v = reinterpret_cast<float4*>(dst) + idx;
           float4 t = *v;
           if constexpr (kSplit) {
