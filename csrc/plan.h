@@ -22,7 +22,7 @@ enum class Algo {
   kDirect,        // FFMA direct convolution: every dtype, every shape, every GPU
   kImplicitGemm,  // tensor-core implicit GEMM (float32, sm_80+): TF32 or 3xTF32
   kImplicitGemmSm90,  // the same tiles on Hopper's wgmma (sm_90a code): TF32 or 3xTF32
-  kImplicitGemmSm90Flat,  // wgmma with pixels as N, halo channel-interleaved (unit stride)
+  kImplicitGemmSm90Flat,  // wgmma with pixels as N, halo channel-interleaved (TF32, unit stride)
 };
 
 struct Plan {

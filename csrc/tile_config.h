@@ -89,16 +89,11 @@ namespace igemm_fprop_flat {
 
 constexpr int kCo = 64;       // M: output channels per block (wgmma m64)
 constexpr int kHalf = 128;    // N of one wgmma: 128 flattened output positions
-constexpr int kPositions = 2 * kHalf;  // per block
-// TF32: one warpgroup computes both n128 halves (one A fragment feeds
-// two wgmmas). 3xTF32: two warpgroups, one half each, as its per-step
-// temporaries (two, so that one step's wgmmas run while the other's sum is
-// added) need the registers; both share the halo and weight stages.
-C10_HOST_DEVICE constexpr int warpgroups(bool split) { return split ? 2 : 1; }
-C10_HOST_DEVICE constexpr int threads(bool split) { return 128 * warpgroups(split); }
+constexpr int kPositions = 2 * kHalf;  // per block: one A fragment feeds two wgmmas
+constexpr int kThreads = 128;  // one warpgroup
 constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: 4 warps x 32 lanes x 4
 constexpr int64_t kMaxSmemBytes = 200 * 1024;
-constexpr int64_t kTwoBlocksSmemBytes = 112 * 1024;  // per block, for 2 blocks/SM (TF32)
+constexpr int64_t kTwoBlocksSmemBytes = 112 * 1024;  // per block, for 2 blocks/SM
 
 struct Layout {
   int log2_pitch;  // P = 1 << log2_pitch; rows = positions / P output rows per block
@@ -113,7 +108,7 @@ struct Layout {
 
 // Rows of a block are oh0 + dilation_h * r (one phase of the rows), so the
 // halo rows a block needs are consecutive in that phase: rows + KH - 1.
-inline Layout layout(const ConvParams& p, bool split, int log2_pitch) {
+inline Layout layout(const ConvParams& p, int log2_pitch) {
   Layout l{};
   l.smem_bytes = INT64_MAX;
   const int64_t pitch = int64_t(1) << log2_pitch;
@@ -137,7 +132,7 @@ inline Layout layout(const ConvParams& p, bool split, int log2_pitch) {
   l.ksteps = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>({(8 + stage_taps - 1) / stage_taps, 4, cin_steps})));
   auto smem = [&](int ksteps) {
-    const int64_t halo_bytes = 2 * ksteps * halo * 16 * (split ? 2 : 1);
+    const int64_t halo_bytes = 2 * ksteps * halo * 16;
     const int64_t weight_bytes = stage_taps * ksteps * kStepFloats * 4;
     return 2 * (halo_bytes + weight_bytes);
   };
@@ -149,18 +144,18 @@ inline Layout layout(const ConvParams& p, bool split, int log2_pitch) {
   return l;
 }
 
-// The pitch with the fewest blocks (dropped columns and rows included);
-// for TF32 (two blocks per SM by registers), a layout that allows only one
-// counts as 1.5 times the work. 3xTF32 runs one 8-warp block per SM anyway.
-inline Layout choose_layout(const ConvParams& p, bool split) {
+// The pitch with the fewest blocks (dropped columns and rows included); a
+// layout that allows only one block per SM (two fit by registers) counts
+// as 1.5 times the work.
+inline Layout choose_layout(const ConvParams& p) {
   Layout best{};
   best.smem_bytes = INT64_MAX;
   double best_cost = 0;
   for (int log2_pitch = 8; log2_pitch >= 5; --log2_pitch) {
-    const Layout l = layout(p, split, log2_pitch);
+    const Layout l = layout(p, log2_pitch);
     if (l.smem_bytes == INT64_MAX) continue;
     const double cost = double(l.tiles_w) * l.tiles_h *
-                        (!split && l.smem_bytes > kTwoBlocksSmemBytes ? 1.5 : 1.0);
+                        (l.smem_bytes > kTwoBlocksSmemBytes ? 1.5 : 1.0);
     if (best.smem_bytes == INT64_MAX || cost < best_cost) {
       best = l;
       best_cost = cost;
@@ -169,8 +164,8 @@ inline Layout choose_layout(const ConvParams& p, bool split) {
   return best;
 }
 
-inline bool fits(const ConvParams& p, bool split) {
-  return choose_layout(p, split).smem_bytes != INT64_MAX;
+inline bool fits(const ConvParams& p) {
+  return choose_layout(p).smem_bytes != INT64_MAX;
 }
 
 }  // namespace igemm_fprop_flat

@@ -122,8 +122,9 @@ def _is_hopper_build():
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", TENSOR_CORE, ids=[f"tc{i}" for i in range(len(TENSOR_CORE))])
 def test_cuda_sm90_pixels_in_m_kernels(case, precision):
-    """On a Hopper GPU unit-stride shapes run the flat wgmma kernel; the
-    other wgmma kernel (strided shapes) is checked on all cases here."""
+    """On a Hopper GPU unit-stride TF32 shapes run the flat wgmma kernel;
+    the other wgmma kernel (strided shapes, IEEE mode) is checked on all
+    cases here."""
     if not _is_hopper_build():
         pytest.skip("needs sm_90 and a build with sm_90a code")
     previous = torch.ops.conv2d_ext._set_flat_kernels(False)
@@ -137,7 +138,7 @@ def test_cuda_sm90_pixels_in_m_kernels(case, precision):
 def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     """The TENSOR_CORE cases test what they claim: on sm_80+ the plan sends
     all of them to a tensor-core kernel, and on sm_90 to wgmma when the
-    build has sm_90a code: the flat kernel at unit stride."""
+    build has sm_90a code: the flat kernel for TF32 at unit stride."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
@@ -153,7 +154,8 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         if not hopper:
             expected = "implicit_gemm"
         else:
-            expected = "implicit_gemm_sm90_flat" if unit_stride else "implicit_gemm_sm90"
+            flat = unit_stride and precision == "tf32"  # the flat kernel is TF32 only
+            expected = "implicit_gemm_sm90_flat" if flat else "implicit_gemm_sm90"
         assert algo == expected, f"{case}: {algo}, expected {expected}"
 
 

@@ -162,8 +162,7 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
                                        y, plan.math, plan.algo == Algo::kImplicitGemmSm90);
             return;
           case Algo::kImplicitGemmSm90Flat:
-            launch_fprop_sm90_flat(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
-                                   plan.math);
+            launch_fprop_sm90_flat(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y);
             return;
           case Algo::kDirect:
             AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {

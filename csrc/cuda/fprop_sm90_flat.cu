@@ -6,9 +6,12 @@
 // operand bytes from shared memory as it does math; here a k8 step is one
 // m64n128k8 per half of the 256 positions, B (pixels) read straight from
 // shared memory and A (the weights of one tap, 4 registers per thread)
-// reused by both halves: half the shared-memory bytes per MMA. 3xTF32
-// needs the registers for its temporaries, so there two warpgroups take a
-// half each and share the block's halo and weight stages.
+// reused by both halves: half the shared-memory bytes per MMA.
+//
+// TF32 mode only: 3xTF32 on this layout (big and small halo copies, two
+// warpgroups for the per-step temporaries) measured slower than the other
+// sm_90 kernel on every benchmark shape (docs/perf-notes.md), so the plan
+// sends IEEE mode there.
 //
 // wgmma reads TF32 B only K-major, so the halo of a chunk of input channels
 // is stored channel-interleaved, [4-channel plane][pixel][4 channels], and
@@ -20,9 +23,8 @@
 // rows + KH - 1 consecutive rows of that phase. Unit stride only.
 //
 // The halo arrives by 4-byte cp.async into the interleaved layout; each
-// thread then rounds (TF32) or splits (3xTF32: big in place, small in a
-// second copy) the elements it copied, before the barrier that publishes
-// the chunk. Weights come per stage (kernel rows of a chunk) in A-fragment
+// thread then rounds to TF32 the elements it copied, under the last wgmmas
+// of the previous chunk. Weights come per stage (kernel rows of a chunk) in A-fragment
 // order, one 16-byte shared load per thread and k8 step.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -42,11 +44,11 @@ namespace cfg = igemm_fprop_flat;
 // Weights [Cout][Cin/g][KH][KW] -> [group][co tile][chunk][kh][kw][k8 step]
 // [warp (4)][lane (32)][4]: the lane's wgmma A fragment (rows warp*16 +
 // lane/4 (+8), columns lane%4 (+4)), zero outside the real channels, rounded
-// to TF32 in TF32 mode and left whole for 3xTF32 (split in the kernel).
+// to TF32.
 __global__ void __launch_bounds__(kThreads)
     rearrange_flat_weights_kernel(const ConvParams p, const float* __restrict__ w,
                                   float* __restrict__ out, int chunks, int ksteps,
-                                  int co_tiles, int64_t total, MathMode math) {
+                                  int co_tiles, int64_t total) {
   const int KH = p.kernel_h, KW = p.kernel_w;
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
@@ -72,22 +74,18 @@ __global__ void __launch_bounds__(kThreads)
     float v = 0.f;
     if (co < cout_g && ci < cin_g) {
       v = w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + kh * KW + kw];
-      if (math == MathMode::kTF32) v = __uint_as_float(tf32_round(v));
+      v = __uint_as_float(tf32_round(v));
     }
     out[e] = v;
   }
 }
 
-template <int KH_T, int KW_T, TcMath kMath>
-__global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
-                                  kMath == TcMath::k3xTF32 ? 1 : 2)
+template <int KH_T, int KW_T>
+__global__ void __launch_bounds__(cfg::kThreads, 2)
     fprop_flat_kernel(const ConvParams p, const float* __restrict__ x,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
                       float* __restrict__ y, const cfg::Layout L) {
   extern __shared__ __align__(16) float smem[];
-  constexpr bool kSplit = kMath == TcMath::k3xTF32;
-  constexpr int kThreadsT = cfg::threads(kSplit);
-  constexpr int kHalves = 2 / cfg::warpgroups(kSplit);  // n128 halves per warpgroup
   const int KH = static_or<KH_T>(p.kernel_h);
   const int KW = static_or<KW_T>(p.kernel_w);
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
@@ -99,21 +97,17 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
   const int hp = L.halo_pixels;
 
   // Shared memory, in floats: two halo buffers (planes of hp pixels x 4
-  // channels; for 3xTF32 the big parts, then the small parts), then two
-  // weight stages.
+  // channels), then two weight stages.
   const int planes = 2 * L.ksteps;
   const int plane_floats = 4 * hp;
-  const int part_floats = planes * plane_floats;
-  const int halo_floats = part_floats * (kSplit ? 2 : 1);
+  const int halo_floats = planes * plane_floats;
   const int step_floats = cfg::kStepFloats;
   const int stage_steps = L.rows_per_stage * KW * L.ksteps;
   const int stage_floats = stage_steps * step_floats;
   auto halo_at = [&](int buf) { return buf * halo_floats; };
   auto weights_at = [&](int buf) { return 2 * halo_floats + buf * stage_floats; };
 
-  // Warpgroup wg computes positions from wg * 128 (3xTF32 has two).
-  const int wg = threadIdx.x / 128, wg_thread = threadIdx.x % 128;
-  const int warp = wg_thread / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grp = lane >> 2, tig = lane & 3;
   const int tile_h = blockIdx.x / L.tiles_w;
   const int ow0 = (blockIdx.x - tile_h * L.tiles_w) * L.out_cols;
@@ -148,7 +142,7 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
           }
           float* dst = smem + halo_at(buf) + plane * plane_floats;
 #pragma unroll 1
-          for (int i = threadIdx.x; i < hp; i += kThreadsT) {
+          for (int i = threadIdx.x; i < hp; i += cfg::kThreads) {
             const int ih = ih0 + dh * (i >> log2_pitch), iw = iw0 + (i & (pitch - 1));
             const bool in = unsigned(ih) < unsigned(H) && unsigned(iw) < unsigned(W);
             const int at = in ? ih * W + iw : 0;
@@ -159,45 +153,32 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
           }
         }
       };
-      // Rounds or splits the elements this thread copied (visible to it
-      // after its cp.async wait); the caller's barrier publishes them.
+      // Rounds the elements this thread copied (visible to it after its
+      // cp.async wait); a later barrier publishes them.
       auto convert_halo = [&](int buf) {
         float* dst = smem + halo_at(buf);
 #pragma unroll 1
         for (int plane = 0; plane < planes; ++plane)
 #pragma unroll 1
-        for (int i = threadIdx.x; i < hp; i += kThreadsT) {
+        for (int i = threadIdx.x; i < hp; i += cfg::kThreads) {
           const int idx = plane * hp + i;  // as load_halo visits them
           float4* v = reinterpret_cast<float4*>(dst) + idx;
-          float4 t = *v;
-          if constexpr (kSplit) {
-            uint32_t b[4], s[4];
-            tf32_split(t.x, b[0], s[0]);
-            tf32_split(t.y, b[1], s[1]);
-            tf32_split(t.z, b[2], s[2]);
-            tf32_split(t.w, b[3], s[3]);
-            *v = make_float4(__uint_as_float(b[0]), __uint_as_float(b[1]),
-                             __uint_as_float(b[2]), __uint_as_float(b[3]));
-            reinterpret_cast<float4*>(dst + part_floats)[idx] =
-                make_float4(__uint_as_float(s[0]), __uint_as_float(s[1]),
-                            __uint_as_float(s[2]), __uint_as_float(s[3]));
-          } else {
-            *v = make_float4(__uint_as_float(tf32_round(t.x)), __uint_as_float(tf32_round(t.y)),
-                             __uint_as_float(tf32_round(t.z)), __uint_as_float(tf32_round(t.w)));
-          }
+          const float4 t = *v;
+          *v = make_float4(__uint_as_float(tf32_round(t.x)), __uint_as_float(tf32_round(t.y)),
+                           __uint_as_float(tf32_round(t.z)), __uint_as_float(tf32_round(t.w)));
         }
       };
       auto load_weights = [&](int stage, int buf) {
         const float* src = w_tile + int64_t(stage) * stage_floats;
         float* dst = smem + weights_at(buf);
-        for (int i = threadIdx.x; i < stage_floats / 4; i += kThreadsT) {
+        for (int i = threadIdx.x; i < stage_floats / 4; i += cfg::kThreads) {
           cp_async_16(dst + 4 * i, src + 4 * i);
         }
       };
 
-      float acc[kHalves][16][4];
+      float acc[2][16][4];
 #pragma unroll
-      for (int h = 0; h < kHalves; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -233,7 +214,7 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
         }
 
         // The next chunk's halo, copied since this chunk's first stage, is
-        // rounded or split while the last wgmmas of the chunk run.
+        // rounded while the last wgmmas of the chunk run.
         const bool last_of_chunk = within == stages_per_chunk - 1 && chunk + 1 < L.chunks;
         auto prepare_next_chunk = [&]() {
           if (last_of_chunk) {
@@ -243,15 +224,13 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
         };
         const uint32_t halo_addr = smem_addr(smem + halo_at(chunk & 1));
         const uint32_t plane_bytes = 4 * plane_floats;
-        const float* w_stage = smem + weights_at(s & 1) + 4 * wg_thread;
+        const float* w_stage = smem + weights_at(s & 1) + 4 * threadIdx.x;
         // Step order: taps in (kernel row, kernel column) order, k8 steps
         // within a tap. `off` is the tap's first halo pixel.
         int off = within * L.rows_per_stage * pitch;
         int kw = 0, k = 0;
-        const uint32_t wg_bytes = 16 * cfg::kHalf * wg;  // this warpgroup's positions
         auto desc_of = [&]() {
-          return wgmma_desc(halo_addr + wg_bytes + 16 * off + 2 * k * plane_bytes, plane_bytes,
-                            128);
+          return wgmma_desc(halo_addr + 16 * off + 2 * k * plane_bytes, plane_bytes, 128);
         };
         auto advance = [&]() {
           if (++k < L.ksteps) return;
@@ -269,60 +248,7 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
         // The second half's 128 positions start 2 KB further.
         constexpr uint64_t kHalfDesc = (cfg::kHalf * 16) >> 4;
 
-        if constexpr (kSplit) {
-          // Per step, small*big + big*small + big*big into a zeroed
-          // temporary, added to the sum with round-to-nearest FADDs: the
-          // tensor cores truncate when they accumulate, a bias that would
-          // grow with the length of the chain. Two temporaries and two A
-          // register sets alternate, so that one step's wgmmas run while
-          // the previous step's temporary is added.
-          const uint32_t small_bytes = 4 * part_floats;
-          float tmp[2][16][4];
-          uint32_t a_big[2][4], a_small[2][4];
-          auto issue = [&](int t, int set) {
-            const float4 raw = load_a(t);
-            tf32_split(raw.x, a_big[set][0], a_small[set][0]);
-            tf32_split(raw.y, a_big[set][1], a_small[set][1]);
-            tf32_split(raw.z, a_big[set][2], a_small[set][2]);
-            tf32_split(raw.w, a_big[set][3], a_small[set][3]);
-            const uint64_t big = desc_of();
-            const uint64_t small =
-                wgmma_desc(halo_addr + small_bytes + wg_bytes + 16 * off + 2 * k * plane_bytes,
-                           plane_bytes, 128);
-            advance();
-            wgmma_fence();
-            wgmma_m64n128k8_tf32(tmp[set], a_small[set], big, false);
-            wgmma_m64n128k8_tf32(tmp[set], a_big[set], small, true);
-            wgmma_m64n128k8_tf32(tmp[set], a_big[set], big, true);
-            wgmma_commit();
-          };
-          auto add = [&](int set) {
-            wgmma_fence_operands(tmp[set]);
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[0][j][i] += tmp[set][j][i];
-          };
-          // Two steps per iteration, all their wgmmas retired inside it:
-          // ptxas serialises every wgmma when a group can still be in flight
-          // across the loop's back edge while its temporary is read.
-#pragma unroll 1
-          for (int t = 0; t < stage_steps; t += 2) {
-            issue(t, 0);
-            if (t + 1 < stage_steps) {
-              issue(t + 1, 1);
-              if (t + 2 >= stage_steps) prepare_next_chunk();
-              wgmma_wait<1>();  // step t is done
-              add(0);
-              wgmma_wait<0>();
-              add(1);
-            } else {
-              prepare_next_chunk();
-              wgmma_wait<0>();
-              add(0);
-            }
-          }
-        } else {
+        {
           // A registers stay untouched until the wgmma group reading them
           // completes, hence two sets and wait_group 1 before a refill.
           auto to_a = [](const float4& v, uint32_t (&a)[4]) {
@@ -336,9 +262,7 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
             advance();
             wgmma_fence();
             wgmma_m64n128k8_tf32(acc[0], a, desc, true);
-            if constexpr (kHalves == 2) {
-              wgmma_m64n128k8_tf32(acc[1], a, desc + kHalfDesc, true);
-            }
+            wgmma_m64n128k8_tf32(acc[1], a, desc + kHalfDesc, true);
             wgmma_commit();
           };
           uint32_t a0[4], a1[4];
@@ -360,7 +284,7 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
           // The next stage refills these buffers; the epilogue reads acc.
           wgmma_wait<0>();
           wgmma_fence_operands(acc[0]);
-          wgmma_fence_operands(acc[kHalves - 1]);
+          wgmma_fence_operands(acc[1]);
         }
       }
 
@@ -385,10 +309,10 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
       // (8 planes apart: same parity).
       const int parity = static_cast<int>(lo_plane & 1);
 #pragma unroll
-      for (int h = 0; h < kHalves; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const int o = (wg + h) * cfg::kHalf + j * 8 + col0;  // even; o + 1 in the same row
+          const int o = h * cfg::kHalf + j * 8 + col0;  // even; o + 1 in the same row
           const int c = o & (pitch - 1);
           const int oh = oh0 + dh * (o >> log2_pitch), ow = ow0 + c;
           if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
@@ -415,9 +339,8 @@ __global__ void __launch_bounds__(cfg::threads(kMath == TcMath::k3xTF32),
 }  // namespace
 
 void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                            const float* bias, at::Tensor& y, MathMode math) {
-  const bool split = math == MathMode::kIEEE;
-  const cfg::Layout L = cfg::choose_layout(p, split);
+                            const float* bias, at::Tensor& y) {
+  const cfg::Layout L = cfg::choose_layout(p);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "sm_90 flat kernel for a problem it does not fit");
   auto stream = at::cuda::getCurrentCUDAStream();
@@ -428,7 +351,7 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_flat_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.ksteps, L.co_tiles,
-      total, math);
+      total);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const dim3 grid(static_cast<unsigned>(int64_t(L.tiles_w) * L.tiles_h),
@@ -436,10 +359,9 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::
                   std::min(p.batch, kMaxGridYZ));
   dispatch_kernel_size(p.kernel_h, p.kernel_w, /*specialise=*/true, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-    auto kernel = math == MathMode::kTF32 ? fprop_flat_kernel<KH, KW, TcMath::kTF32>
-                                          : fprop_flat_kernel<KH, KW, TcMath::k3xTF32>;
+    auto kernel = fprop_flat_kernel<KH, KW>;
     ensure_dynamic_smem(kernel, L.smem_bytes);
-    kernel<<<grid, cfg::threads(split), L.smem_bytes, stream>>>(
+    kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
         p, x.data_ptr<float>(), w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
