@@ -6,12 +6,14 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (10 tests):
+# Default subset (12 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2), 8 (depthwise), 12 (5x9, several tiles) and 13
 #   (generic kernel size), TF32 mode; the tensor-core forward on cases 16
-#   (5x9) and 18 (3x3, partial channel tile), TF32 and IEEE modes;
+#   (5x9) and 18 (3x3, partial channel tile), TF32 and IEEE modes; the
+#   flat sm_90 forward on cases 25 (dilated 5x9, several column tiles) and
+#   28 (1x1, several k8 steps per chunk, partial chunk), TF32 mode;
 # - tests/test_determinism.py::test_bitwise_reproducible[f32-cuda]: the
 #   dgrad and wgrad ops called directly, wgrad split over many blocks.
 # A -k expression replaces it, selecting from those two files.
@@ -30,6 +32,9 @@ else
   done
   for c in 16 18; do
     tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[ieee-case$c]")
+  done
+  for c in 25 28; do
+    tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[tf32-case$c]")
   done
   tests+=("tests/test_determinism.py::test_bitwise_reproducible[f32-cuda]")
 fi
