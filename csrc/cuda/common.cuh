@@ -52,6 +52,42 @@ __device__ __forceinline__ int static_or(int dynamic_value) {
   return kStatic > 0 ? kStatic : dynamic_value;
 }
 
+// Element e of a rearranged weight workspace laid out as [group][co tile]
+// [chunk][kh][kw][k step][step_floats]: where it sits. Both tensor-core
+// forwards use this order (one k step per chunk in the pixels-as-M kernel)
+// and differ only in the order within a step.
+struct WeightTileIndex {
+  int within, kstep, kw, kh, chunk, co_tile, g;
+};
+
+__device__ __forceinline__ WeightTileIndex decode_weight_tile_index(
+    int64_t e, int step_floats, int ksteps, int KH, int KW, int chunks, int co_tiles) {
+  WeightTileIndex t;
+  t.within = static_cast<int>(e % step_floats);
+  int64_t q = e / step_floats;
+  t.kstep = q % ksteps;
+  q /= ksteps;
+  t.kw = q % KW;
+  q /= KW;
+  t.kh = q % KH;
+  q /= KH;
+  t.chunk = q % chunks;
+  q /= chunks;
+  t.co_tile = q % co_tiles;
+  t.g = static_cast<int>(q / co_tiles);
+  return t;
+}
+
+// Weight [Cout][Cin/g][KH][KW] at (group, co, ci, kh, kw) of a group's
+// channels, or 0 past the group's channels (tiles are padded with zeros).
+__device__ __forceinline__ float weight_or_zero(const ConvParams& p, const float* w, int g,
+                                                int co, int ci, int kh, int kw) {
+  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
+  if (co >= cout_g || ci >= cin_g) return 0.f;
+  return w[((int64_t(g) * cout_g + co) * cin_g + ci) * p.kernel_h * p.kernel_w +
+           kh * p.kernel_w + kw];
+}
+
 // Compute capability of the current device as 10*major + minor.
 inline int current_sm() {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();

@@ -43,23 +43,13 @@ __global__ void __launch_bounds__(kThreads)
     rearrange_weights_kernel(const ConvParams p, const float* __restrict__ w,
                              float* __restrict__ out, int chunks, int co_tiles,
                              int64_t total, bool wgmma, MathMode math) {
-  const int KH = p.kernel_h, KW = p.kernel_w;
-  const int cin_g = p.in_channels_per_group();
-  const int cout_g = p.out_channels_per_group();
   const bool split = wgmma && math == MathMode::kIEEE;
   const int per_tap = cfg::weight_floats_per_tap(wgmma, split);
   for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * kThreads) {
-    const int within = static_cast<int>(e % per_tap);
-    int64_t q = e / per_tap;
-    const int kw = q % KW;
-    q /= KW;
-    const int kh = q % KH;
-    q /= KH;
-    const int chunk = q % chunks;
-    q /= chunks;
-    const int co_tile = q % co_tiles;
-    const int g = q / co_tiles;
+    const WeightTileIndex t = decode_weight_tile_index(e, per_tap, 1, p.kernel_h, p.kernel_w,
+                                                       chunks, co_tiles);
+    const int within = t.within;
     int n, k;
     if (wgmma) {
       n = ((within >> 6) & 7) * 8 + ((within >> 2) & 7);
@@ -69,18 +59,14 @@ __global__ void __launch_bounds__(kThreads)
       n = (2 * pair + (element >> 1)) * 8 + (lane >> 2);
       k = (lane & 3) + 4 * (element & 1);
     }
-    const int co = co_tile * cfg::kCo + n;
-    const int ci = chunk * cfg::kChunk + k;
-    float v = 0.f;
-    if (co < cout_g && ci < cin_g) {
-      v = w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + kh * KW + kw];
-      if (math == MathMode::kTF32) {
-        v = __uint_as_float(tf32_round(v));
-      } else if (split) {
-        uint32_t big, small;
-        tf32_split(v, big, small);
-        v = __uint_as_float(within < cfg::kCo * cfg::kChunk ? big : small);
-      }
+    float v = weight_or_zero(p, w, t.g, t.co_tile * cfg::kCo + n,
+                             t.chunk * cfg::kChunk + k, t.kh, t.kw);
+    if (math == MathMode::kTF32) {
+      v = __uint_as_float(tf32_round(v));
+    } else if (split) {
+      uint32_t big, small;
+      tf32_split(v, big, small);
+      v = __uint_as_float(within < cfg::kCo * cfg::kChunk ? big : small);
     }
     out[e] = v;
   }

@@ -49,34 +49,16 @@ __global__ void __launch_bounds__(kThreads)
     rearrange_flat_weights_kernel(const ConvParams p, const float* __restrict__ w,
                                   float* __restrict__ out, int chunks, int ksteps,
                                   int co_tiles, int64_t total) {
-  const int KH = p.kernel_h, KW = p.kernel_w;
-  const int cin_g = p.in_channels_per_group();
-  const int cout_g = p.out_channels_per_group();
   for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * kThreads) {
-    const int within = static_cast<int>(e % cfg::kStepFloats);
-    int64_t q = e / cfg::kStepFloats;
-    const int kstep = q % ksteps;
-    q /= ksteps;
-    const int kw = q % KW;
-    q /= KW;
-    const int kh = q % KH;
-    q /= KH;
-    const int chunk = q % chunks;
-    q /= chunks;
-    const int co_tile = q % co_tiles;
-    const int g = q / co_tiles;
-    const int element = within & 3, lane = (within >> 2) & 31, warp = within >> 7;
+    const WeightTileIndex t = decode_weight_tile_index(e, cfg::kStepFloats, ksteps, p.kernel_h,
+                                                       p.kernel_w, chunks, co_tiles);
+    const int element = t.within & 3, lane = (t.within >> 2) & 31, warp = t.within >> 7;
     const int m = warp * 16 + (lane >> 2) + 8 * (element & 1);
     const int k = (lane & 3) + 4 * (element >> 1);
-    const int co = co_tile * cfg::kCo + m;
-    const int ci = (chunk * ksteps + kstep) * 8 + k;
-    float v = 0.f;
-    if (co < cout_g && ci < cin_g) {
-      v = w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + kh * KW + kw];
-      v = __uint_as_float(tf32_round(v));
-    }
-    out[e] = v;
+    const float v = weight_or_zero(p, w, t.g, t.co_tile * cfg::kCo + m,
+                                   (t.chunk * ksteps + t.kstep) * 8 + k, t.kh, t.kw);
+    out[e] = __uint_as_float(tf32_round(v));
   }
 }
 

@@ -136,9 +136,10 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 
 // Keeps the compiler from moving accesses of registers an in-flight wgmma
 // owns across the wait that ends it.
-__device__ __forceinline__ void wgmma_fence_operands(float (&d)[8][4]) {
+template <int kFrags>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[kFrags][4]) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < kFrags; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
 }
@@ -205,13 +206,6 @@ __device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[16][4],
 #else
   __trap();  // the plan never picks wgmma kernels without sm_90a code
 #endif
-}
-
-__device__ __forceinline__ void wgmma_fence_operands(float (&d)[16][4]) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
 }
 
 }  // namespace cuda
