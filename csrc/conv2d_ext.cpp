@@ -34,10 +34,11 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // Tests only: whether the plan may pick the flat wgmma forward, so that
   // the other wgmma forward stays tested on unit-stride shapes.
   m.def("_set_flat_kernels(bool enable) -> bool", &conv2d_ext::set_flat_kernels);
-  // The algorithm the forward would run for these arguments now, e.g. for
+  // The algorithm a pass ('forward', 'backward_input', 'backward_weight')
+  // of a convolution of these forward arguments would run now, e.g. for
   // tests to check which kernels they cover.
   m.def(
-      "_forward_algorithm(Tensor input, Tensor weight, int[2] stride, "
+      "_algorithm(str pass_, Tensor input, Tensor weight, int[2] stride, "
       "int[2] padding, int[2] dilation, int groups) -> str");
   // The precision mode ('tf32' or 'ieee') a float32 call would use now.
   m.def("_math_mode() -> str", [] {

@@ -248,4 +248,29 @@ at::Tensor empty_output(c10::IntArrayRef sizes,
   return out;
 }
 
+bool dgrad_is_fprop(const ConvParams& p) {
+  auto dim_ok = [](int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t pad,
+                   int64_t dilation) {
+    const int64_t reach = dilation * (kernel - 1);
+    // in + reach bounds the forward's padded extent, out + 2*(reach - pad).
+    return stride == 1 && pad <= reach && out == in + 2 * pad - reach &&
+           in + reach < kMaxIndex32;
+  };
+  return dim_ok(p.in_h, p.out_h, p.kernel_h, p.stride_h, p.pad_h, p.dilation_h) &&
+         dim_ok(p.in_w, p.out_w, p.kernel_w, p.stride_w, p.pad_w, p.dilation_w);
+}
+
+ConvParams dgrad_as_fprop(const ConvParams& p) {
+  ConvParams f = p;
+  f.in_channels = p.out_channels;
+  f.in_h = p.out_h;
+  f.in_w = p.out_w;
+  f.out_channels = p.in_channels;
+  f.out_h = p.in_h;
+  f.out_w = p.in_w;
+  f.pad_h = p.dilation_h * (p.kernel_h - 1) - p.pad_h;
+  f.pad_w = p.dilation_w * (p.kernel_w - 1) - p.pad_w;
+  return f;
+}
+
 }  // namespace conv2d_ext

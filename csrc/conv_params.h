@@ -48,6 +48,23 @@ struct ConvParams {
   C10_HOST_DEVICE int64_t weight_numel() const { return out_channels * gemm_k(); }
 };
 
+// dgrad at unit stride is a forward pass: grad_input = fprop(grad_output,
+// w') with w' each group's weight transposed (its input and output channels
+// swapped) and rotated by 180 degrees, and padding dilation*(K-1) - padding.
+// The tensor-core forwards read w' straight from the layer's weight when
+// told WeightOrder::kDgrad, so that dgrad shares their kernels.
+enum class WeightOrder { kFprop, kDgrad };
+
+// Whether dgrad of `p` is such a forward: unit stride, every input pixel
+// reached by a full output row and column (no rows dropped by a stride
+// that make_*_params normalised to 1), and padding at most dilation*(K-1)
+// (the forward takes no negative padding).
+bool dgrad_is_fprop(const ConvParams& p);
+
+// The forward problem that computes dgrad of `p` (dgrad_is_fprop(p)): its
+// input is grad_output, its output grad_input.
+ConvParams dgrad_as_fprop(const ConvParams& p);
+
 // Output extent of one spatial dimension, as nn.Conv2d defines it.
 inline int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride,
                              int64_t pad, int64_t dilation) {

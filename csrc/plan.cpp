@@ -36,42 +36,69 @@ MathMode math_mode(at::ScalarType dtype) {
                                                     : MathMode::kIEEE;
 }
 
-Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
-  Plan plan;
-  plan.math = math_mode(dtype);
-  plan.algo = Algo::kDirect;
+namespace {
+
+// The forward's choice among its kernels; kDirect when no tensor-core
+// kernel takes the problem.
+Algo fprop_algo(const ConvParams& p, MathMode math, int sm) {
   // Tensor cores need a K step of 8 input channels and pay off from 8
   // output channels per group; fewer channels per group (depthwise, RGB
   // stems) stay on the direct kernels, which are FP32-accurate in both
   // modes.
-  const bool tensor_core_shape = p.in_channels_per_group() >= 8 &&
-                                 p.out_channels_per_group() >= 8;
-  if (pass == Pass::kFprop && dtype == at::kFloat && tensor_core_shape) {
-    // sm_90a code runs on compute capability 9.0 only; other GPUs get the
-    // mma.sync loop (sm_80 and newer).
-    const bool split = plan.math == MathMode::kIEEE;  // 3xTF32
-    const bool hopper = sm == 90 && built_with_sm90a() &&
-                        g_hopper_kernels.load(std::memory_order_relaxed);
-    // The flat kernel (pixels as wgmma's N) is the faster TF32 kernel at
-    // unit stride; in 3xTF32 it measured slower than the other wgmma kernel.
-    if (hopper && !split && g_flat_kernels.load(std::memory_order_relaxed) &&
-        igemm_fprop_flat::fits(p)) {
-      plan.algo = Algo::kImplicitGemmSm90Flat;
-    } else if (hopper && igemm_fprop::fits(p, /*wgmma=*/true, split)) {
-      plan.algo = Algo::kImplicitGemmSm90;
-    } else if (sm >= 80 && igemm_fprop::fits(p, /*wgmma=*/false, /*split=*/false)) {
-      plan.algo = Algo::kImplicitGemm;
-    }
+  if (p.in_channels_per_group() < 8 || p.out_channels_per_group() < 8) return Algo::kDirect;
+  // sm_90a code runs on compute capability 9.0 only; other GPUs get the
+  // mma.sync loop (sm_80 and newer).
+  const bool split = math == MathMode::kIEEE;  // 3xTF32
+  const bool hopper = sm == 90 && built_with_sm90a() &&
+                      g_hopper_kernels.load(std::memory_order_relaxed);
+  // The flat kernel (pixels as wgmma's N) is the faster TF32 kernel at
+  // unit stride; in 3xTF32 it measured slower than the other wgmma kernel.
+  if (hopper && !split && g_flat_kernels.load(std::memory_order_relaxed) &&
+      igemm_fprop_flat::fits(p)) {
+    return Algo::kImplicitGemmSm90Flat;
+  }
+  if (hopper && igemm_fprop::fits(p, /*wgmma=*/true, split)) return Algo::kImplicitGemmSm90;
+  if (sm >= 80 && igemm_fprop::fits(p, /*wgmma=*/false, /*split=*/false)) {
+    return Algo::kImplicitGemm;
+  }
+  return Algo::kDirect;
+}
+
+}  // namespace
+
+Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
+  Plan plan;
+  plan.math = math_mode(dtype);
+  plan.algo = Algo::kDirect;
+  if (dtype != at::kFloat) return plan;
+  if (pass == Pass::kFprop) {
+    plan.algo = fprop_algo(p, plan.math, sm);
+  } else if (pass == Pass::kDgrad && dgrad_is_fprop(p)) {
+    // The forward kernels run dgrad_as_fprop(p); kDirect here means the
+    // direct dgrad kernel, not the forward one.
+    plan.algo = fprop_algo(dgrad_as_fprop(p), plan.math, sm);
   }
   return plan;
 }
 
-std::string forward_algorithm(const at::Tensor& input, const at::Tensor& weight,
-                              c10::IntArrayRef stride, c10::IntArrayRef padding,
-                              c10::IntArrayRef dilation, int64_t groups, int sm) {
+std::string algorithm(const std::string& pass, const at::Tensor& input,
+                      const at::Tensor& weight, c10::IntArrayRef stride,
+                      c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                      int sm) {
   const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
                                          padding, dilation, groups);
-  return to_string(choose_plan(p, Pass::kFprop, input.scalar_type(), sm).algo);
+  Pass which;
+  if (pass == "forward") {
+    which = Pass::kFprop;
+  } else if (pass == "backward_input") {
+    which = Pass::kDgrad;
+  } else if (pass == "backward_weight") {
+    which = Pass::kWgrad;
+  } else {
+    TORCH_CHECK(false, "conv2d_ext: unknown pass '", pass,
+                "' (expected forward, backward_input or backward_weight)");
+  }
+  return to_string(choose_plan(p, which, input.scalar_type(), sm).algo);
 }
 
 bool built_with_sm90a() {

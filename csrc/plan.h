@@ -53,11 +53,13 @@ bool set_flat_kernels(bool enable);
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 
-// The algorithm a forward of these arguments runs now on a device of
-// compute capability `sm` (0: CPU); backs the _forward_algorithm op.
-std::string forward_algorithm(const at::Tensor& input, const at::Tensor& weight,
-                              c10::IntArrayRef stride, c10::IntArrayRef padding,
-                              c10::IntArrayRef dilation, int64_t groups, int sm);
+// The algorithm `pass` ("forward", "backward_input" or "backward_weight")
+// of a convolution of these forward arguments runs now on a device of
+// compute capability `sm` (0: CPU); backs the _algorithm op.
+std::string algorithm(const std::string& pass, const at::Tensor& input,
+                      const at::Tensor& weight, c10::IntArrayRef stride,
+                      c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                      int sm);
 
 const char* to_string(Algo algo);
 const char* to_string(MathMode math);

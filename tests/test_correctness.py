@@ -49,6 +49,11 @@ TENSOR_CORE = [
     (1, 16, 7, 520, 16, (3, 3), 1, 1, 1, 1, False),
     (2, 8, 13, 200, 8, (2, 11), 1, (1, 5), (3, 2), 1, True),
     (1, 40, 5, 270, 72, (1, 1), 1, 0, 1, 1, True),
+    # dgrad runs on the forward kernels at unit stride when the padding is
+    # at most dilation*(K-1); here the rows' padding is larger (direct
+    # dgrad) and the columns' is asymmetric in the forward dgrad becomes.
+    (2, 16, 6, 21, 24, (1, 3), 1, (1, 0), 1, 1, False),
+    (1, 24, 9, 30, 8, (3, 5), 1, (2, 1), (1, 2), 1, True),
 ]
 
 
@@ -134,11 +139,24 @@ def test_cuda_sm90_pixels_in_m_kernels(case, precision):
         torch.ops.conv2d_ext._set_flat_kernels(previous)
 
 
+def _pair(v):
+    return v if isinstance(v, tuple) else (v, v)
+
+
+def _dgrad_is_fprop(case):
+    """dgrad runs as a forward pass: unit stride, padding <= dilation*(K-1)."""
+    _, _, _, _, _, k, stride, padding, dilation, _, _ = case
+    return _pair(stride) == (1, 1) and all(
+        p <= d * (kk - 1) for p, d, kk in zip(_pair(padding), _pair(dilation), k)
+    )
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     """The TENSOR_CORE cases test what they claim: on sm_80+ the plan sends
-    all of them to a tensor-core kernel, and on sm_90 to wgmma when the
-    build has sm_90a code: the flat kernel for TF32 at unit stride."""
+    every forward, and every dgrad that is a forward pass, to a tensor-core
+    kernel, and on sm_90 to wgmma when the build has sm_90a code: the flat
+    kernel for TF32 at unit stride."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
@@ -147,16 +165,24 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
         x = torch.empty(n, cin, h, w, device="cuda")
         wt = torch.empty(cout, cin // groups, *k, device="cuda")
-        pad = padding if isinstance(padding, tuple) else (padding, padding)
-        pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
-        algo = torch.ops.conv2d_ext._forward_algorithm(x, wt, pair(stride), pad, pair(dilation), groups)
-        unit_stride = pair(stride) == (1, 1)
+        geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+        unit_stride = _pair(stride) == (1, 1)
         if not hopper:
             expected = "implicit_gemm"
         else:
             flat = unit_stride and precision == "tf32"  # the flat kernel is TF32 only
             expected = "implicit_gemm_sm90_flat" if flat else "implicit_gemm_sm90"
-        assert algo == expected, f"{case}: {algo}, expected {expected}"
+        algo = torch.ops.conv2d_ext._algorithm("forward", x, wt, *geometry)
+        assert algo == expected, f"{case} forward: {algo}, expected {expected}"
+        algo = torch.ops.conv2d_ext._algorithm("backward_input", x, wt, *geometry)
+        expected = expected if _dgrad_is_fprop(case) else "direct"
+        assert algo == expected, f"{case} backward_input: {algo}, expected {expected}"
+
+
+def test_algorithm_query_rejects_unknown_pass():
+    x, wt = torch.empty(1, 2, 5, 5), torch.empty(3, 2, 3, 3)
+    with pytest.raises(RuntimeError, match="unknown pass 'sideways'"):
+        torch.ops.conv2d_ext._algorithm("sideways", x, wt, (1, 1), (0, 0), (1, 1), 1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

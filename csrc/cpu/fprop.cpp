@@ -79,15 +79,16 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
 
 }  // namespace
 
-std::string forward_algorithm_cpu(const at::Tensor& input, const at::Tensor& weight,
-                                  c10::IntArrayRef stride, c10::IntArrayRef padding,
-                                  c10::IntArrayRef dilation, int64_t groups) {
-  return forward_algorithm(input, weight, stride, padding, dilation, groups, /*sm=*/0);
+std::string algorithm_cpu(const std::string& pass, const at::Tensor& input,
+                          const at::Tensor& weight, c10::IntArrayRef stride,
+                          c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                          int64_t groups) {
+  return algorithm(pass, input, weight, stride, padding, dilation, groups, /*sm=*/0);
 }
 
 TORCH_LIBRARY_IMPL(conv2d_ext, CPU, m) {
   m.impl("conv2d", &conv2d_cpu);
-  m.impl("_forward_algorithm", &forward_algorithm_cpu);
+  m.impl("_algorithm", &algorithm_cpu);
 }
 
 }  // namespace cpu

@@ -78,14 +78,22 @@ __device__ __forceinline__ WeightTileIndex decode_weight_tile_index(
   return t;
 }
 
-// Weight [Cout][Cin/g][KH][KW] at (group, co, ci, kh, kw) of a group's
+// Weight of the forward problem `p` at (group, co, ci, kh, kw) of a group's
 // channels, or 0 past the group's channels (tiles are padded with zeros).
-__device__ __forceinline__ float weight_or_zero(const ConvParams& p, const float* w, int g,
-                                                int co, int ci, int kh, int kw) {
+// kFprop: `w` is [Cout][Cin/g][KH][KW]. kDgrad: `p` is dgrad_as_fprop() of
+// the layer, whose weight `w` is then [Cin][Cout/g][KH][KW] in p's terms,
+// read transposed within the group and rotated by 180 degrees.
+__device__ __forceinline__ float weight_or_zero(const ConvParams& p, const float* w,
+                                                WeightOrder order, int g, int co, int ci,
+                                                int kh, int kw) {
   const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
   if (co >= cout_g || ci >= cin_g) return 0.f;
-  return w[((int64_t(g) * cout_g + co) * cin_g + ci) * p.kernel_h * p.kernel_w +
-           kh * p.kernel_w + kw];
+  const int KH = p.kernel_h, KW = p.kernel_w;
+  if (order == WeightOrder::kDgrad) {
+    return w[((int64_t(g) * cin_g + ci) * cout_g + co) * KH * KW + (KH - 1 - kh) * KW +
+             (KW - 1 - kw)];
+  }
+  return w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + kh * KW + kw];
 }
 
 // Compute capability of the current device as 10*major + minor.

@@ -1,4 +1,7 @@
-// Backward-data pass (dgrad) on CUDA: direct convolution on FFMA.
+// Backward-data pass (dgrad) on CUDA. Where dgrad is a forward pass (unit
+// stride: dgrad_is_fprop), the plan sends it to the tensor-core forward
+// kernels on the transposed, rotated weight; everything else runs the
+// direct convolution on FFMA below.
 //
 // GEMM view per group: M = N*H*W input pixels, N = Cin/groups input
 // channels, K = Cout/groups*KH*KW. Each thread owns one input pixel and 16
@@ -13,6 +16,7 @@
 #include "../pass_entry.h"
 #include "../plan.h"
 #include "common.cuh"
+#include "fprop_implicit_gemm.h"
 #include "kernel_sizes.cuh"
 
 namespace conv2d_ext {
@@ -172,12 +176,25 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
          at::Tensor& grad_in) {
         const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type(),
                                       current_sm());
-        TORCH_CHECK(plan.algo == Algo::kDirect,
-                    "conv2d_ext: no CUDA dgrad kernel for algorithm ",
+        switch (plan.algo) {
+          case Algo::kImplicitGemm:
+          case Algo::kImplicitGemmSm90:  // float32 only
+            launch_fprop_implicit_gemm(dgrad_as_fprop(p), go, w, /*bias=*/nullptr, grad_in,
+                                       plan.math, plan.algo == Algo::kImplicitGemmSm90,
+                                       WeightOrder::kDgrad);
+            return;
+          case Algo::kImplicitGemmSm90Flat:
+            launch_fprop_sm90_flat(dgrad_as_fprop(p), go, w, /*bias=*/nullptr, grad_in,
+                                   WeightOrder::kDgrad);
+            return;
+          case Algo::kDirect:
+            AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_dgrad", [&] {
+              launch_dgrad_direct<scalar_t>(p, go, w, grad_in);
+            });
+            return;
+        }
+        TORCH_CHECK(false, "conv2d_ext: no CUDA dgrad kernel for algorithm ",
                     to_string(plan.algo));
-        AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_dgrad", [&] {
-          launch_dgrad_direct<scalar_t>(p, go, w, grad_in);
-        });
       });
 }
 

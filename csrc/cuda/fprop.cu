@@ -159,10 +159,12 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
           case Algo::kImplicitGemm:
           case Algo::kImplicitGemmSm90:  // float32 only
             launch_fprop_implicit_gemm(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr,
-                                       y, plan.math, plan.algo == Algo::kImplicitGemmSm90);
+                                       y, plan.math, plan.algo == Algo::kImplicitGemmSm90,
+                                       WeightOrder::kFprop);
             return;
           case Algo::kImplicitGemmSm90Flat:
-            launch_fprop_sm90_flat(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y);
+            launch_fprop_sm90_flat(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
+                                   WeightOrder::kFprop);
             return;
           case Algo::kDirect:
             AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {
@@ -178,16 +180,17 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
 
 }  // namespace
 
-std::string forward_algorithm_cuda(const at::Tensor& input, const at::Tensor& weight,
-                                   c10::IntArrayRef stride, c10::IntArrayRef padding,
-                                   c10::IntArrayRef dilation, int64_t groups) {
+std::string algorithm_cuda(const std::string& pass, const at::Tensor& input,
+                           const at::Tensor& weight, c10::IntArrayRef stride,
+                           c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                           int64_t groups) {
   const c10::cuda::CUDAGuard guard(input.device());
-  return forward_algorithm(input, weight, stride, padding, dilation, groups, current_sm());
+  return algorithm(pass, input, weight, stride, padding, dilation, groups, current_sm());
 }
 
 TORCH_LIBRARY_IMPL(conv2d_ext, CUDA, m) {
   m.impl("conv2d", &conv2d_cuda);
-  m.impl("_forward_algorithm", &forward_algorithm_cuda);
+  m.impl("_algorithm", &algorithm_cuda);
 }
 
 }  // namespace cuda

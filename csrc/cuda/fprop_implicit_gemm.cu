@@ -42,7 +42,7 @@ namespace cfg = igemm_fprop;
 __global__ void __launch_bounds__(kThreads)
     rearrange_weights_kernel(const ConvParams p, const float* __restrict__ w,
                              float* __restrict__ out, int chunks, int co_tiles,
-                             int64_t total, bool wgmma, MathMode math) {
+                             int64_t total, bool wgmma, MathMode math, WeightOrder order) {
   const bool split = wgmma && math == MathMode::kIEEE;
   const int per_tap = cfg::weight_floats_per_tap(wgmma, split);
   for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < total;
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads)
       n = (2 * pair + (element >> 1)) * 8 + (lane >> 2);
       k = (lane & 3) + 4 * (element & 1);
     }
-    float v = weight_or_zero(p, w, t.g, t.co_tile * cfg::kCo + n,
+    float v = weight_or_zero(p, w, order, t.g, t.co_tile * cfg::kCo + n,
                              t.chunk * cfg::kChunk + k, t.kh, t.kw);
     if (math == MathMode::kTF32) {
       v = __uint_as_float(tf32_round(v));
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 
 void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
                                 const at::Tensor& w, const float* bias,
-                                at::Tensor& y, MathMode math, bool wgmma) {
+                                at::Tensor& y, MathMode math, bool wgmma, WeightOrder order) {
   const bool split = wgmma && math == MathMode::kIEEE;  // weights pre-split
   const cfg::Layout L = cfg::layout(p, cfg::weight_floats_per_tap(wgmma, split));
   auto stream = at::cuda::getCurrentCUDAStream();
@@ -422,7 +422,7 @@ void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.co_tiles, total,
-      wgmma, math);
+      wgmma, math, order);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const dim3 grid(ceil_div(p.out_h, cfg::kRows) * ceil_div(p.out_w, cfg::kCols),

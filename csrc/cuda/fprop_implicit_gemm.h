@@ -1,4 +1,7 @@
-// Tensor-core implicit-GEMM forward (float32 only, sm_80 and newer).
+// Tensor-core implicit-GEMM forward (float32 only, sm_80 and newer), which
+// also runs dgrad at unit stride: p = dgrad_as_fprop(layer), x =
+// grad_output, w = the layer's weight read in WeightOrder::kDgrad, y =
+// grad_input.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,12 +16,14 @@ namespace cuda {
 // wgmma (Algo::kImplicitGemmSm90) is the Hopper main loop.
 void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
                                 const at::Tensor& w, const float* bias,
-                                at::Tensor& y, MathMode math, bool wgmma);
+                                at::Tensor& y, MathMode math, bool wgmma,
+                                WeightOrder order);
 
 // Hopper forward with pixels as wgmma's N (Algo::kImplicitGemmSm90Flat: TF32
 // mode, unit stride; csrc/cuda/fprop_sm90_flat.cu).
 void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                            const float* bias, at::Tensor& y);
+                            const float* bias, at::Tensor& y,
+                            WeightOrder order);
 
 }  // namespace cuda
 }  // namespace conv2d_ext

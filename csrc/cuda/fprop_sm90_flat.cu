@@ -48,7 +48,7 @@ namespace cfg = igemm_fprop_flat;
 __global__ void __launch_bounds__(kThreads)
     rearrange_flat_weights_kernel(const ConvParams p, const float* __restrict__ w,
                                   float* __restrict__ out, int chunks, int ksteps,
-                                  int co_tiles, int64_t total) {
+                                  int co_tiles, int64_t total, WeightOrder order) {
   for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * kThreads) {
     const WeightTileIndex t = decode_weight_tile_index(e, cfg::kStepFloats, ksteps, p.kernel_h,
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kThreads)
     const int element = t.within & 3, lane = (t.within >> 2) & 31, warp = t.within >> 7;
     const int m = warp * 16 + (lane >> 2) + 8 * (element & 1);
     const int k = (lane & 3) + 4 * (element >> 1);
-    const float v = weight_or_zero(p, w, t.g, t.co_tile * cfg::kCo + m,
+    const float v = weight_or_zero(p, w, order, t.g, t.co_tile * cfg::kCo + m,
                                    (t.chunk * ksteps + t.kstep) * 8 + k, t.kh, t.kw);
     out[e] = __uint_as_float(tf32_round(v));
   }
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 }  // namespace
 
 void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                            const float* bias, at::Tensor& y) {
+                            const float* bias, at::Tensor& y, WeightOrder order) {
   const cfg::Layout L = cfg::choose_layout(p);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "sm_90 flat kernel for a problem it does not fit");
@@ -333,7 +333,7 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_flat_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.ksteps, L.co_tiles,
-      total);
+      total, order);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const dim3 grid(static_cast<unsigned>(int64_t(L.tiles_w) * L.tiles_h),
