@@ -77,6 +77,10 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
     // The forward kernels run dgrad_as_fprop(p); kDirect here means the
     // direct dgrad kernel, not the forward one.
     plan.algo = fprop_algo(dgrad_as_fprop(p), plan.math, sm);
+  } else if (pass == Pass::kWgrad && sm >= 80 && p.in_channels_per_group() >= 8 &&
+             p.out_channels_per_group() >= 8 &&
+             igemm_wgrad::fits(p, plan.math == MathMode::kIEEE, sm)) {
+    plan.algo = Algo::kImplicitGemm;  // mma.sync on every GPU for now, Hopper too
   }
   return plan;
 }

@@ -170,3 +170,99 @@ inline bool fits(const ConvParams& p) {
 
 }  // namespace igemm_fprop_flat
 }  // namespace conv2d_ext
+
+namespace conv2d_ext {
+// wgrad on mma.sync (see csrc/cuda/wgrad_implicit_gemm.cu): M = output
+// channels, N = (input channel, tap) pairs, K = output pixels, split over
+// blocks and reduced in a fixed order.
+namespace igemm_wgrad {
+
+constexpr int kCo = 64;  // M per block: four m16 fragments, shared by all warps
+constexpr int kRows = 4, kCols = 32;  // a K tile: output pixels of one image
+constexpr int kPixels = kRows * kCols;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+// An N unit is one n8 fragment: 8 input channels at one tap. Each warp owns
+// up to this many units for the whole K range, 4 m16 accumulators each.
+constexpr int kUnitsPerWarp = 6;
+constexpr int kMaxUnits = kWarps * kUnitsPerWarp;
+constexpr int kMaxChannelGroups = 8;  // 8-channel groups per block
+// Lanes of an A fragment read 8 channel rows x 4 pixels: a row pitch of 4
+// mod 32 puts them in 32 different banks (the halo planes likewise).
+constexpr int kGoPitch = kPixels + 4;
+
+// Largest dynamic shared memory one block may opt into on a GPU of compute
+// capability `sm`. Per-architecture constants (CUDA programming guide), so
+// that the plan can decide without a device query.
+inline int64_t max_block_smem_bytes(int sm) {
+  if (sm == 90 || sm >= 100) return 227 * 1024;
+  if (sm == 80 || sm == 87) return 163 * 1024;
+  return 99 * 1024;  // sm_86, sm_89 and others
+}
+
+struct Layout {
+  int taps, tap_groups;  // taps per block; blocks per kernel
+  int ci_groups, ci_chunks;  // 8-channel groups per block; blocks per group's channels
+  int co_tiles;
+  int units;  // ci_groups * taps, at most kMaxUnits
+  int halo_rows, halo_cols, plane;
+  int tiles_h, tiles_w;
+  int64_t k_tiles;  // K tiles of the whole batch
+  int64_t stage_floats;
+  // 3xTF32 only: FP32 sums that the accumulators are added to (and then
+  // cleared) after every output row of a K tile, [warp][unit of the warp]
+  // [16][lane]. The tensor cores' accumulation truncates; over the whole K
+  // of a slice (tens of thousands of pixels) that loses far more than FP32
+  // summation would, and even one tile's chain (48 MMAs) measured worse
+  // than cuDNN's FP32, so each chain is cut to one row (12 MMAs).
+  int units_per_warp;
+  int64_t sum_floats;
+  int64_t smem_bytes;  // INT64_MAX when the stages do not fit
+};
+
+inline Layout layout(const ConvParams& p, bool split, int sm) {
+  Layout l{};
+  l.smem_bytes = INT64_MAX;
+  const int64_t limit = max_block_smem_bytes(sm);
+  const int64_t taps = p.kernel_h * p.kernel_w;
+  l.tap_groups = static_cast<int>((taps + kMaxUnits - 1) / kMaxUnits);
+  l.taps = static_cast<int>((taps + l.tap_groups - 1) / l.tap_groups);
+  l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
+  // In 64 bits first: huge strides or dilations would wrap an int.
+  const int64_t rows = (kRows - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1;
+  const int64_t cols = (kCols - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1;
+  if (rows * cols > limit) return l;
+  l.halo_rows = static_cast<int>(rows);
+  l.halo_cols = static_cast<int>(cols);
+  const int area = l.halo_rows * l.halo_cols;
+  l.plane = area + ((4 - area % 32) + 32) % 32;
+  l.tiles_h = static_cast<int>((p.out_h + kRows - 1) / kRows);
+  l.tiles_w = static_cast<int>((p.out_w + kCols - 1) / kCols);
+  l.k_tiles = p.batch * l.tiles_h * l.tiles_w;
+  // Channel groups per block: as many as the units and shared memory allow
+  // (they share each grad_output tile), spread evenly over the chunks.
+  const int64_t ci8 = (p.in_channels_per_group() + 7) / 8;
+  auto with_groups = [&](int64_t most) {
+    Layout t = l;
+    t.ci_chunks = static_cast<int>((ci8 + most - 1) / most);
+    t.ci_groups = static_cast<int>((ci8 + t.ci_chunks - 1) / t.ci_chunks);
+    t.units = t.ci_groups * t.taps;
+    t.stage_floats = int64_t(kCo) * kGoPitch + int64_t(t.ci_groups) * 8 * t.plane;
+    t.units_per_warp = (t.units + kWarps - 1) / kWarps;
+    t.sum_floats = split ? int64_t(kWarps) * t.units_per_warp * 16 * 32 : 0;
+    t.smem_bytes = 4 * (2 * t.stage_floats + t.sum_floats);  // two stages
+    return t;
+  };
+  int64_t most = std::min<int64_t>({kMaxChannelGroups, kMaxUnits / l.taps, ci8});
+  Layout t = with_groups(most);
+  while (t.smem_bytes > limit && most > 1) t = with_groups(--most);
+  if (t.smem_bytes > limit) t.smem_bytes = INT64_MAX;
+  return t;
+}
+
+inline bool fits(const ConvParams& p, bool split, int sm) {
+  return layout(p, split, sm).smem_bytes != INT64_MAX;
+}
+
+}  // namespace igemm_wgrad
+}  // namespace conv2d_ext

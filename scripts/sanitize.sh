@@ -6,16 +6,18 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (12 tests):
+# Default subset (13 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
-#   (5x9), 4 (7x7, stride 2), 8 (depthwise), 12 (5x9, several tiles) and 13
-#   (generic kernel size), TF32 mode; the tensor-core forward on cases 16
-#   (5x9) and 18 (3x3, partial channel tile), TF32 and IEEE modes; the
-#   flat sm_90 forward on cases 25 (dilated 5x9, several column tiles) and
+#   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
+#   tiles) and 13 (generic kernel size), TF32 mode; the tensor-core forward,
+#   the dgrad that runs on it and the tensor-core wgrad on cases 16 (5x9)
+#   and 18 (3x3, partial channel tile), TF32 and IEEE modes; the flat sm_90
+#   forward and dgrad on cases 25 (dilated 5x9, several column tiles) and
 #   28 (1x1, several k8 steps per chunk, partial chunk), TF32 mode;
-# - tests/test_determinism.py::test_bitwise_reproducible[f32-cuda]: the
-#   dgrad and wgrad ops called directly, wgrad split over many blocks.
+# - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
+#   modes: the dgrad and wgrad ops called directly, wgrad split over many
+#   blocks.
 # A -k expression replaces it, selecting from those two files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -36,7 +38,9 @@ else
   for c in 25 28; do
     tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[tf32-case$c]")
   done
-  tests+=("tests/test_determinism.py::test_bitwise_reproducible[f32-cuda]")
+  for mode in ieee tf32; do
+    tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
+  done
 fi
 
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1

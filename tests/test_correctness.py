@@ -154,9 +154,9 @@ def _dgrad_is_fprop(case):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     """The TENSOR_CORE cases test what they claim: on sm_80+ the plan sends
-    every forward, and every dgrad that is a forward pass, to a tensor-core
-    kernel, and on sm_90 to wgmma when the build has sm_90a code: the flat
-    kernel for TF32 at unit stride."""
+    every forward, every dgrad that is a forward pass and every wgrad to a
+    tensor-core kernel; forward and dgrad on sm_90 to wgmma when the build
+    has sm_90a code: the flat kernel for TF32 at unit stride."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
@@ -177,6 +177,9 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         algo = torch.ops.conv2d_ext._algorithm("backward_input", x, wt, *geometry)
         expected = expected if _dgrad_is_fprop(case) else "direct"
         assert algo == expected, f"{case} backward_input: {algo}, expected {expected}"
+        # wgrad: mma.sync on every GPU, Hopper included.
+        algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
+        assert algo == "implicit_gemm", f"{case} backward_weight: {algo}"
 
 
 def test_algorithm_query_rejects_unknown_pass():

@@ -21,7 +21,7 @@ def _run_all(x, w, gy):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_bitwise_reproducible(device, dtype):
+def test_bitwise_reproducible(device, dtype, precision):
     n, hw = (8, 64) if device == "cuda" else (2, 12)
     x = torch.randn(n, 16, hw, hw, device=device, dtype=dtype)
     w = torch.randn(32, 16, 3, 5, device=device, dtype=dtype)

@@ -1,8 +1,13 @@
-"""The op follows PyTorch's convolution precision flag."""
+"""The op follows PyTorch's convolution precision flag, and keeps the
+precision contract in IEEE mode."""
+import pytest
 import torch
+import torch.nn.functional as F
 
-import conv2d_ext  # noqa: F401
-from utils import tf32_mode
+import conv2d_ext
+from utils import cuda_only, reference, rel_err, tf32_mode
+
+PASSES = ("forward", "grad_input", "grad_weight")
 
 
 def test_follows_allow_tf32():
@@ -22,3 +27,50 @@ def test_follows_conv_fp32_precision():
         assert torch.ops.conv2d_ext._math_mode() == "tf32"
     finally:
         conv.fp32_precision = previous
+
+
+# Long reductions, where the accumulation (not the operand rounding) sets
+# the error: wgrad sums N*Ho*Wo products per element (73728 and 37888 here).
+LONG = {
+    "3x3": (8, 16, 96, 96, 32, (3, 3), 1),
+    "5x9": (4, 32, 64, 160, 64, (5, 9), 0),
+}
+
+
+# Known gap (issue 4): dgrad of the 5x9 layer, run as a 3xTF32 forward over
+# K = 64*45 products, measures 3.5e-7 against cuDNN's 1.9e-7.
+_KNOWN_GAPS = {("5x9", "grad_input")}
+
+
+@cuda_only
+@pytest.mark.parametrize(
+    "name,pass_",
+    [
+        pytest.param(name, p, marks=[pytest.mark.xfail(strict=True, reason="known gap, issue 4")]
+                     if (name, p) in _KNOWN_GAPS else [])
+        for name in LONG
+        for p in PASSES
+    ],
+)
+def test_ieee_mode_as_accurate_as_cudnn(name, pass_):
+    """The precision contract: in IEEE mode each pass's relative error
+    against float64 is no worse than cuDNN's strict FP32 on the same inputs."""
+    n, cin, h, w, cout, k, pad = LONG[name]
+    x = torch.randn(n, cin, h, w, device="cuda")
+    wt = torch.randn(cout, cin, *k, device="cuda")
+    gy = torch.randn(n, cout, h + 2 * pad - k[0] + 1, w + 2 * pad - k[1] + 1, device="cuda")
+    refs = reference(x, wt, None, 1, pad, 1, 1, grad_out=gy)
+
+    def errors(conv):
+        xr, wr = x.clone().requires_grad_(), wt.clone().requires_grad_()
+        y = conv(xr, wr, None, 1, pad)
+        grads = torch.autograd.grad(y, [xr, wr], gy)
+        return dict(zip(PASSES, (rel_err(out, ref) for out, ref in zip((y, *grads), refs))))
+
+    with tf32_mode(False):
+        ours = errors(conv2d_ext.conv2d)
+        cudnn = errors(F.conv2d)
+    print(f"{name} {pass_}: {ours[pass_]:.2e} vs cuDNN {cudnn[pass_]:.2e}")
+    assert ours[pass_] <= cudnn[pass_], (
+        f"{name} {pass_}: relative error {ours[pass_]:.3g} > cuDNN's {cudnn[pass_]:.3g}"
+    )

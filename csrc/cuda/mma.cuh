@@ -33,6 +33,20 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& big,
   small = tf32_round(x - __uint_as_float(big));
 }
 
+// The same split with big rounded to nearest: the residual is then at most
+// half a TF32 ulp, which small carries to 2^-23 of x rather than 2^-21.
+// Costs a conversion and a check more than truncation; wgrad, whose long
+// reductions need the margin against cuDNN's FP32, uses it. Finite x that
+// would round up past the largest TF32 are truncated instead.
+__device__ __forceinline__ void tf32_split_rn(float x, uint32_t& big,
+                                              uint32_t& small) {
+  constexpr float kMax = 3.40282347e38f;  // FLT_MAX
+  const float clamped = fminf(fmaxf(x, -kMax), kMax);
+  big = tf32_round(clamped);
+  if ((big & 0x7fffffffu) == 0x7f800000u) big = __float_as_uint(clamped) & 0xffffe000u;
+  small = tf32_round(x - __uint_as_float(big));
+}
+
 // D += A * B for one m16n8k8 TF32 tile (A row-major 16x8, B column-major
 // 8x8, FP32 accumulators), fragments as the PTX ISA lays them out.
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],

@@ -1,4 +1,7 @@
-// Backward-weight pass (wgrad) on CUDA: direct reduction on FFMA.
+// Backward-weight pass (wgrad) on CUDA. With 8 or more channels per group
+// on sm_80+ the plan picks the tensor-core kernel
+// (wgrad_implicit_gemm.cu); everything else runs the direct reduction on
+// FFMA below.
 //
 // GEMM view per group: M = Cout/groups, N = Cin/groups*KH*KW and
 // K = N*Ho*Wo, the reduction over every output pixel. K dwarfs M and N, so
@@ -18,6 +21,8 @@
 #include "../plan.h"
 #include "common.cuh"
 #include "kernel_sizes.cuh"
+#include "split_reduce.cuh"
+#include "wgrad_implicit_gemm.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -135,20 +140,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Sums the split partials in split order.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    wgrad_reduce_splits_kernel(const T* __restrict__ partial,
-                               T* __restrict__ grad_w, int64_t numel,
-                               int splits) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
-       i < numel; i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    T sum = T(0);
-    for (int s = 0; s < splits; ++s) sum += partial[s * numel + i];
-    grad_w[i] = sum;
-  }
-}
-
 // Output rows per slice: enough slices to fill the GPU a few blocks deep,
 // each slice's pixel count below kMaxIndex32 (the kernel counts pixels in
 // int, with headroom for its loop step). Depends only on the shape and the
@@ -192,14 +183,7 @@ void launch_wgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
             p, grad_out.data_ptr<T>(), x.data_ptr<T>(), partial.data_ptr<T>(),
             rows_per_split);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (splits > 1) {
-      const int64_t numel = p.weight_numel();
-      const int blocks =
-          static_cast<int>(std::min<int64_t>(ceil_div(numel, kThreads), 65535));
-      wgrad_reduce_splits_kernel<T><<<blocks, kThreads, 0, stream>>>(
-          partial.data_ptr<T>(), grad_w.data_ptr<T>(), numel, splits);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+    if (splits > 1) reduce_splits<T>(partial, grad_w, p.weight_numel(), splits);
   });
 }
 
@@ -216,12 +200,21 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
          at::Tensor& grad_w) {
         const Plan plan = choose_plan(p, Pass::kWgrad, go.scalar_type(),
                                       current_sm());
-        TORCH_CHECK(plan.algo == Algo::kDirect,
-                    "conv2d_ext: no CUDA wgrad kernel for algorithm ",
+        switch (plan.algo) {
+          case Algo::kImplicitGemm:  // float32 only
+            launch_wgrad_implicit_gemm(p, go, x, grad_w, plan.math);
+            return;
+          case Algo::kDirect:
+            AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_wgrad", [&] {
+              launch_wgrad_direct<scalar_t>(p, go, x, grad_w);
+            });
+            return;
+          case Algo::kImplicitGemmSm90:
+          case Algo::kImplicitGemmSm90Flat:
+            break;
+        }
+        TORCH_CHECK(false, "conv2d_ext: no CUDA wgrad kernel for algorithm ",
                     to_string(plan.algo));
-        AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_wgrad", [&] {
-          launch_wgrad_direct<scalar_t>(p, go, x, grad_w);
-        });
       });
 }
 
