@@ -38,14 +38,17 @@ MathMode math_mode(at::ScalarType dtype) {
 
 namespace {
 
+// Tensor cores need a K step of 8 input channels and pay off from 8 output
+// channels per group; fewer channels per group (depthwise, RGB stems) stay
+// on the direct kernels, which are FP32-accurate in both modes.
+bool tensor_core_channels(const ConvParams& p) {
+  return p.in_channels_per_group() >= 8 && p.out_channels_per_group() >= 8;
+}
+
 // The forward's choice among its kernels; kDirect when no tensor-core
 // kernel takes the problem.
 Algo fprop_algo(const ConvParams& p, MathMode math, int sm) {
-  // Tensor cores need a K step of 8 input channels and pay off from 8
-  // output channels per group; fewer channels per group (depthwise, RGB
-  // stems) stay on the direct kernels, which are FP32-accurate in both
-  // modes.
-  if (p.in_channels_per_group() < 8 || p.out_channels_per_group() < 8) return Algo::kDirect;
+  if (!tensor_core_channels(p)) return Algo::kDirect;
   // sm_90a code runs on compute capability 9.0 only; other GPUs get the
   // mma.sync loop (sm_80 and newer).
   const bool split = math == MathMode::kIEEE;  // 3xTF32
@@ -77,8 +80,7 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
     // The forward kernels run dgrad_as_fprop(p); kDirect here means the
     // direct dgrad kernel, not the forward one.
     plan.algo = fprop_algo(dgrad_as_fprop(p), plan.math, sm);
-  } else if (pass == Pass::kWgrad && sm >= 80 && p.in_channels_per_group() >= 8 &&
-             p.out_channels_per_group() >= 8 &&
+  } else if (pass == Pass::kWgrad && sm >= 80 && tensor_core_channels(p) &&
              igemm_wgrad::fits(p, plan.math == MathMode::kIEEE, sm)) {
     plan.algo = Algo::kImplicitGemm;  // mma.sync on every GPU for now, Hopper too
   }

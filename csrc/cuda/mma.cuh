@@ -20,30 +20,28 @@ __device__ __forceinline__ uint32_t tf32_round(float x) {
   return r;
 }
 
-// x = big + small: big is x truncated to TF32, small the residual rounded
-// to TF32. big*big + big*small + small*big misses only small*small, about
-// 2^-22 of the product.
+// x = big + small: big is x truncated to TF32 (kRoundBig: rounded to
+// nearest), small the residual rounded to TF32. big*big + big*small +
+// small*big misses only small*small, about 2^-22 of the product. A
+// truncated big leaves up to a TF32 ulp, which small carries to 2^-21 of x;
+// a rounded one half an ulp, carried to 2^-23, for a conversion and a check
+// more: wgrad, whose long reductions need the margin against cuDNN's FP32,
+// rounds; the forward, where it cost 20%, truncates.
 // Non-finite x: clamping first makes big the largest finite TF32 and small
 // x itself (Inf) or NaN, so Inf*b stays Inf even where b's small part is
-// zero (Inf as big would give Inf*0 = NaN there), and NaN stays NaN.
-__device__ __forceinline__ void tf32_split(float x, uint32_t& big,
-                                           uint32_t& small) {
-  constexpr float kMax = 3.40282347e38f;  // FLT_MAX
-  big = __float_as_uint(fminf(fmaxf(x, -kMax), kMax)) & 0xffffe000u;
-  small = tf32_round(x - __uint_as_float(big));
-}
-
-// The same split with big rounded to nearest: the residual is then at most
-// half a TF32 ulp, which small carries to 2^-23 of x rather than 2^-21.
-// Costs a conversion and a check more than truncation; wgrad, whose long
-// reductions need the margin against cuDNN's FP32, uses it. Finite x that
-// would round up past the largest TF32 are truncated instead.
-__device__ __forceinline__ void tf32_split_rn(float x, uint32_t& big,
-                                              uint32_t& small) {
+// zero (Inf as big would give Inf*0 = NaN there), and NaN stays NaN. Finite
+// x that would round up past the largest TF32 are truncated instead.
+template <bool kRoundBig = false>
+__device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& small) {
   constexpr float kMax = 3.40282347e38f;  // FLT_MAX
   const float clamped = fminf(fmaxf(x, -kMax), kMax);
-  big = tf32_round(clamped);
-  if ((big & 0x7fffffffu) == 0x7f800000u) big = __float_as_uint(clamped) & 0xffffe000u;
+  const uint32_t truncated = __float_as_uint(clamped) & 0xffffe000u;
+  if (kRoundBig) {
+    big = tf32_round(clamped);
+    if ((big & 0x7fffffffu) == 0x7f800000u) big = truncated;
+  } else {
+    big = truncated;
+  }
   small = tf32_round(x - __uint_as_float(big));
 }
 

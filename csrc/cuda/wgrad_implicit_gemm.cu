@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
             if (kMath == TcMath::kTF32) {
               a_big[f][e] = tf32_round(v[e]);
             } else {
-              tf32_split_rn(v[e], a_big[f][e], a_small[f][e]);
+              tf32_split</*kRoundBig=*/true>(v[e], a_big[f][e], a_small[f][e]);
             }
           }
         }
@@ -231,8 +231,8 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
             for (int f = 0; f < 4; ++f) mma_tf32(acc[j][f], a_big[f], b);
           } else {
             uint32_t b_big[2], b_small[2];
-            tf32_split_rn(v0, b_big[0], b_small[0]);
-            tf32_split_rn(v1, b_big[1], b_small[1]);
+            tf32_split</*kRoundBig=*/true>(v0, b_big[0], b_small[0]);
+            tf32_split</*kRoundBig=*/true>(v1, b_big[1], b_small[1]);
             // Small products first, then big * big (see mma.cuh).
 #pragma unroll
             for (int f = 0; f < 4; ++f) {
