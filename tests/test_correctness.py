@@ -108,6 +108,16 @@ def test_cuda_float32_both_precisions(case, precision):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_more_images_than_grid_blocks(precision):
+    """The grid has at most 65535 blocks in y and z, so with a larger batch
+    some blocks loop over several images, reusing their shared buffers and
+    accumulators: every image must come out whole. Tensor-core channels,
+    all passes."""
+    case = (65535 + 3, 8, 5, 6, 16, (3, 3), 1, 1, 1, 1, True)
+    _run(case, "cuda", torch.float32)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", TENSOR_CORE, ids=[f"tc{i}" for i in range(len(TENSOR_CORE))])
 def test_cuda_mma_sync_kernels(case, precision):
     """On a Hopper GPU the forward runs on wgmma; the mma.sync kernels
