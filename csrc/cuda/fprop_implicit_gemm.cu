@@ -213,12 +213,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       };
 
       float acc[cfg::kWarpFrags][8][4];
-#pragma unroll
-      for (int f = 0; f < cfg::kWarpFrags; ++f)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[f][j][i] = 0.f;
+      zero_fragments(acc);
 
       __syncthreads();  // buffers free (previous image or channel tile)
       load_halo(0, smem + halo_at(0));

@@ -159,12 +159,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
       };
 
       float acc[2][16][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[h][j][i] = 0.f;
+      zero_fragments(acc);
 
       __syncthreads();  // buffers free (previous image or channel tile)
       load_halo(0, 0);

@@ -146,6 +146,17 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
+// Zeroes a register array of MMA accumulator fragments, [tiles][frags][4].
+template <int kTiles, int kFrags>
+__device__ __forceinline__ void zero_fragments(float (&d)[kTiles][kFrags][4]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) d[t][j][i] = 0.f;
+}
+
 // Keeps the compiler from moving accesses of registers an in-flight wgmma
 // owns across the wait that ends it.
 template <int kFrags>

@@ -104,12 +104,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
   }
 
   float acc[cfg::kUnitsPerWarp][4][4];
-#pragma unroll
-  for (int j = 0; j < cfg::kUnitsPerWarp; ++j)
-#pragma unroll
-    for (int f = 0; f < 4; ++f)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][f][e] = 0.f;
+  zero_fragments(acc);
 
   // 3xTF32: this thread's FP32 sums (Layout::sum_floats), a float4 per
   // m16 fragment of each unit, [unit][fragment][lane] so that a warp's
