@@ -9,6 +9,12 @@ nn.Conv2d) of both implementations side by side in one process, with CUDA events
 the median of repeats), rotating input sets so that the working set exceeds
 the L2 cache. Every result is checked against a float64 reference. Without a
 GPU it runs the CPU path on reduced sizes.
+
+Memory-bound shapes (MEMORY_BOUND: depthwise and few-input-channel layers)
+are judged by bandwidth rather than FLOP/s: their records also give the
+achieved GB/s of the fewest bytes the pass must move (min_bytes) and its
+fraction of the GB/s of a plain copy on the same device, measured once in
+the same run.
 """
 import argparse
 import datetime
@@ -73,7 +79,14 @@ SUITE = {
     "stem_7x7": Shape(32, 3, 64, 224, 224, (7, 7), stride=(2, 2), padding=(3, 3)),
     "depthwise_3x3": Shape(32, 128, 128, 112, 112, (3, 3), padding=(1, 1), groups=128),
     "grouped_3x3": Shape(32, 128, 128, 56, 56, (3, 3), padding=(1, 1), groups=32),
+    "dw_3x3": Shape(16, 64, 64, 512, 512, (3, 3), padding=(1, 1), groups=64),
+    "dw_5x5": Shape(32, 256, 256, 56, 56, (5, 5), padding=(2, 2), groups=256),
+    "rgb_3x5": Shape(16, 3, 64, 256, 256, (3, 5), padding=(1, 2)),
 }
+# Depthwise and few-input-channel layers do a handful of multiply-adds per
+# byte, so their ceiling is memory bandwidth, not FLOP/s: for these the
+# records also report GB/s against a plain copy.
+MEMORY_BOUND = {"dw_3x3", "dw_5x5", "stem_7x7", "rgb_3x5", "depthwise_3x3"}
 PASSES = ["forward", "backward_input", "backward_weight", "step"]
 PRECISIONS = ["tf32", "ieee"]
 
@@ -163,6 +176,34 @@ def time_ms(fn, input_sets, device, warmup, repeats, budget_s):
     return statistics.median(times)
 
 
+def min_bytes(shape, pass_):
+    """The fewest bytes a pass must move in float32: each input read once,
+    the output written once. forward: x + w + y; backward_input:
+    grad_output + w + grad_input; backward_weight: grad_output + x +
+    grad_weight; a step runs all three passes, so it is their sum."""
+    x = shape.n * shape.cin * shape.h * shape.w
+    w = shape.cout * (shape.cin // shape.groups) * shape.kernel[0] * shape.kernel[1]
+    y = shape.n * shape.cout * math.prod(shape.out_hw())
+    elements = {"forward": x + w + y, "backward_input": y + w + x, "backward_weight": y + x + w}
+    elements["step"] = sum(elements.values())
+    return 4 * elements[pass_]
+
+
+def copy_gbps(device, warmup, repeats, budget_s):
+    """GB/s of dst.copy_(src), counting bytes read plus bytes written: the
+    practical bandwidth ceiling a memory-bound pass is measured against. On
+    a GPU the tensor is at least 4x the L2 cache, so the copy streams from
+    and to device memory."""
+    if device.type == "cuda":
+        nbytes = max(4 * torch.cuda.get_device_properties(device).L2_cache_size, 256 << 20)
+    else:
+        nbytes = 64 << 20
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda s, d: d.copy_(s), [(src, dst)], device, warmup, repeats, budget_s)
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
 def rel_err(out, ref):
     """Relative L2 error; for a step (several results), the worst of them."""
     if isinstance(out, tuple):
@@ -184,12 +225,16 @@ def run(shapes, passes, precisions, device, quick=False, progress=print):
     warmup, repeats, budget = (1, 5, 0.3) if quick else (3, 30, 1.5)
     total = len(shapes) * len(passes) * len(precisions)
     done = 0
+    copy = None  # copy GB/s: measured once, and only if a memory-bound shape runs
     for name in shapes:
         shape = SUITE[name] if device.type == "cuda" else SUITE[name].reduced()
         set_bytes = sum(t.numel() * 4 for t in _make_inputs(shape, "meta"))
         n_sets = max(1, min(4, math.ceil(2 * l2 / set_bytes)))
         gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
         sets = [_make_inputs(shape, device, generator=gen) for _ in range(n_sets)]
+        if name in MEMORY_BOUND and copy is None:
+            copy = copy_gbps(device, warmup, repeats, budget)
+            progress(f"copy: {copy:.1f} GB/s")
         for pass_ in passes:
             ext, ref_fn = _ext_fn(pass_, shape, device), _torch_fn(pass_, shape, device)
             x, w, gy = sets[0]
@@ -220,6 +265,13 @@ def run(shapes, passes, precisions, device, quick=False, progress=print):
                     "torch_rel_err": torch_err,
                     "config": asdict(shape),
                 }
+                if name in MEMORY_BOUND:
+                    nbytes = min_bytes(shape, pass_)
+                    rec["min_bytes"] = nbytes
+                    rec["ext_gbps"] = nbytes / ext_ms / 1e6
+                    rec["torch_gbps"] = nbytes / torch_ms / 1e6
+                    rec["copy_gbps"] = copy
+                    rec["copy_fraction"] = rec["ext_gbps"] / copy
                 records.append(rec)
                 done += 1
                 progress(f"[{done}/{total}] {name} {pass_} {precision}: ext {ext_ms:.3f} ms, "
@@ -233,12 +285,15 @@ def run(shapes, passes, precisions, device, quick=False, progress=print):
 
 
 def format_table(records):
-    header = ("shape", "pass", "prec", "ext ms", "torch ms", "ext TF/s", "torch TF/s", "speedup",
-              "ext err", "torch err")
+    header = ("shape", "pass", "prec", "ext ms", "torch ms", "ext TF/s", "torch TF/s", "ext GB/s", "copy %",
+              "speedup", "ext err", "torch err")
     rows = [header]
     for r in records:
+        # Bandwidth only for the memory-bound shapes' records.
+        gbps = f"{r['ext_gbps']:.1f}" if "ext_gbps" in r else "-"
+        copy = f"{100 * r['copy_fraction']:.0f}%" if "copy_fraction" in r else "-"
         rows.append((r["shape"], r["pass"], r["precision"], f"{r['ext_ms']:.3f}", f"{r['torch_ms']:.3f}",
-                     f"{r['ext_tflops']:.2f}", f"{r['torch_tflops']:.2f}", f"{r['speedup']:.2f}x",
+                     f"{r['ext_tflops']:.2f}", f"{r['torch_tflops']:.2f}", gbps, copy, f"{r['speedup']:.2f}x",
                      f"{r['ext_rel_err']:.1e}", f"{r['torch_rel_err']:.1e}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["| " + " | ".join(c.ljust(wd) for c, wd in zip(row, widths)) + " |" for row in rows]

@@ -67,6 +67,19 @@ Algo fprop_algo(const ConvParams& p, MathMode math, int sm) {
   return Algo::kDirect;
 }
 
+// Few input channels per group: the small-channel kernels when their tiles
+// fit (kDirect otherwise). They stage tiles with cp.async (sm_80+).
+Algo small_channel_algo(const ConvParams& p, Pass pass, int sm) {
+  namespace sc = small_channels;
+  if (sm < 80 || p.in_channels_per_group() > sc::kMaxChannels) return Algo::kDirect;
+  const bool fits = pass == Pass::kFprop   ? sc::fprop_fits(p)
+                    : pass == Pass::kDgrad ? sc::dgrad_runs_as_fprop(p) || sc::dgrad_fits(p)
+                                           : sc::wgrad_fits(p);
+  if (!fits) return Algo::kDirect;
+  return p.in_channels_per_group() == 1 && sc::narrow(p) ? Algo::kDepthwise
+                                                         : Algo::kFewChannels;
+}
+
 }  // namespace
 
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
@@ -74,6 +87,11 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
   if (dtype != at::kFloat) return plan;
+  const Algo small = small_channel_algo(p, pass, sm);
+  if (small != Algo::kDirect) {
+    plan.algo = small;
+    return plan;
+  }
   if (pass == Pass::kFprop) {
     plan.algo = fprop_algo(p, plan.math, sm);
   } else if (pass == Pass::kDgrad && dgrad_is_fprop(p)) {
@@ -125,6 +143,10 @@ const char* to_string(Algo algo) {
       return "implicit_gemm_sm90";
     case Algo::kImplicitGemmSm90Flat:
       return "implicit_gemm_sm90_flat";
+    case Algo::kDepthwise:
+      return "depthwise";
+    case Algo::kFewChannels:
+      return "few_channels";
   }
   return "?";
 }

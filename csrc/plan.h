@@ -23,6 +23,10 @@ enum class Algo {
   kImplicitGemm,  // tensor-core implicit GEMM (float32, sm_80+): TF32 or 3xTF32
   kImplicitGemmSm90,  // the same tiles on Hopper's wgmma (sm_90a code): TF32 or 3xTF32
   kImplicitGemmSm90Flat,  // wgmma with pixels as N, halo channel-interleaved (TF32, unit stride)
+  // Direct kernels around memory traffic for at most 4 input channels per
+  // group (float32, sm_80+), FP32-accurate in both modes:
+  kDepthwise,    // 1 input and at most 2 output channels per group
+  kFewChannels,  // the others (RGB stems)
 };
 
 struct Plan {

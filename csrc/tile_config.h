@@ -266,3 +266,119 @@ inline bool fits(const ConvParams& p, bool split, int sm) {
 
 }  // namespace igemm_wgrad
 }  // namespace conv2d_ext
+
+namespace conv2d_ext {
+// Direct FFMA kernels for few input channels per group (depthwise layers, RGB
+// stems; csrc/cuda/*_small_channels.cu). They do a few multiply-adds per
+// byte, so they are built around memory traffic: a block stages an input
+// tile with its halo in shared memory (16-byte copies where rows are
+// 16-byte aligned) and every output element is written once.
+namespace small_channels {
+
+constexpr int kThreads = 256;
+constexpr int kTileCols = 64;  // output columns of a block tile: two warps
+constexpr int kSlots = kThreads / kTileCols;  // 64-thread slots: row or channel groups
+constexpr int kMaxChannels = 4;  // input channels per group these kernels take
+// Narrow tiles (at most 2 output channels per group, depthwise): each
+// thread owns a column of 8 output rows; 4 slots stack to 32 rows.
+constexpr int kNarrowRows = 8;
+constexpr int kNarrowMaxCo = 2;
+// Wide tiles (more output channels, RGB stems): each thread owns 4 rows x
+// 16 channels, the 4 slots split a 64-channel tile.
+constexpr int kWideRows = 2;
+constexpr int kWideCo = 16;
+// dgrad gathers into at most 4 input channels per group from chunks of
+// this many grad_output channels at a time.
+constexpr int kDgradCoChunk = 4;
+constexpr int64_t kMaxSmemBytes = 100 * 1024;
+
+inline bool narrow(const ConvParams& p) { return p.out_channels_per_group() <= kNarrowMaxCo; }
+
+// Floats of one staged plane: `rows` x a pitch wide enough for `cols`
+// columns shifted right by up to 3 (16-byte alignment of the copy).
+struct Halo {
+  int rows, pitch;
+  int64_t floats;  // of one plane
+};
+
+inline Halo halo(int64_t out_rows, int64_t out_cols, int64_t kernel_h, int64_t kernel_w,
+                 int64_t stride_h, int64_t stride_w, int64_t dil_h, int64_t dil_w) {
+  // In 64 bits: huge strides or dilations would wrap an int.
+  const int64_t rows = (out_rows - 1) * stride_h + (kernel_h - 1) * dil_h + 1;
+  const int64_t cols = (out_cols - 1) * stride_w + (kernel_w - 1) * dil_w + 1;
+  Halo h{};
+  if (rows * cols > kMaxSmemBytes) {
+    h.floats = INT64_MAX / 8;
+    return h;
+  }
+  h.rows = static_cast<int>(rows);
+  h.pitch = static_cast<int>((cols + 3 + 3) / 4 * 4);
+  h.floats = int64_t(h.rows) * h.pitch;
+  return h;
+}
+
+// Forward: the halo of the block's input channels and the weights of its
+// output-channel tile.
+inline int fprop_tile_rows(const ConvParams& p) {
+  return narrow(p) ? kNarrowRows * kSlots : kWideRows;
+}
+inline int fprop_co_tile(const ConvParams& p) {
+  return narrow(p) ? static_cast<int>(p.out_channels_per_group()) : kWideCo * kSlots;
+}
+inline Halo fprop_halo(const ConvParams& p) {
+  return halo(fprop_tile_rows(p), kTileCols, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
+              p.dilation_h, p.dilation_w);
+}
+inline int64_t fprop_smem_bytes(const ConvParams& p) {
+  const int64_t cin = p.in_channels_per_group();
+  return 4 * (cin * fprop_halo(p).floats + cin * p.kernel_h * p.kernel_w * fprop_co_tile(p));
+}
+inline bool fprop_fits(const ConvParams& p) {
+  return p.in_channels_per_group() <= kMaxChannels && fprop_smem_bytes(p) <= kMaxSmemBytes;
+}
+
+// dgrad (any stride): one stride phase of the input per block, a tile of
+// 32 x 64 of that phase's pixels; its grad_output halo spans the offsets
+// of the taps that reach the phase (at most (K-1)*dilation/stride + 1).
+inline Halo dgrad_halo(const ConvParams& p) {
+  auto span = [](int64_t kernel, int64_t stride, int64_t dil) {
+    return ((kernel - 1) * dil + stride - 1) / stride + 1;
+  };
+  return halo(kNarrowRows * kSlots, kTileCols, span(p.kernel_h, p.stride_h, p.dilation_h),
+              span(p.kernel_w, p.stride_w, p.dilation_w), 1, 1, 1, 1);
+}
+inline int64_t dgrad_smem_bytes(const ConvParams& p) {
+  return 4 * kDgradCoChunk * (dgrad_halo(p).floats + p.kernel_h * p.kernel_w * kMaxChannels);
+}
+inline bool dgrad_fits(const ConvParams& p) {
+  return p.in_channels_per_group() <= kMaxChannels && dgrad_smem_bytes(p) <= kMaxSmemBytes;
+}
+
+// wgrad, narrow: the input halo of one channel for a 32 x 64 output tile.
+// Wide: a 2 x 64 output tile's grad_output [pixel][64 channels] and the
+// group's input halo.
+constexpr int kWgradWideRows = 2;
+constexpr int kWgradWidePixels = kWgradWideRows * kTileCols;
+constexpr int kWgradWideCo = 64;
+constexpr int kWgradGoPitch = kWgradWideCo + 4;
+inline Halo wgrad_halo(const ConvParams& p) {
+  return halo(narrow(p) ? kNarrowRows * kSlots : kWgradWideRows, kTileCols, p.kernel_h,
+              p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w);
+}
+inline int64_t wgrad_smem_bytes(const ConvParams& p) {
+  if (narrow(p)) return 4 * wgrad_halo(p).floats;
+  return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch +
+              p.in_channels_per_group() * wgrad_halo(p).floats);
+}
+inline bool wgrad_fits(const ConvParams& p) {
+  return p.in_channels_per_group() <= kMaxChannels && wgrad_smem_bytes(p) <= kMaxSmemBytes;
+}
+
+// dgrad runs on the forward kernel where it is a unit-stride forward that
+// fits it (depthwise: the forward's register window), else on the gather.
+inline bool dgrad_runs_as_fprop(const ConvParams& p) {
+  return dgrad_is_fprop(p) && fprop_fits(dgrad_as_fprop(p));
+}
+
+}  // namespace small_channels
+}  // namespace conv2d_ext

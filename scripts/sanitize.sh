@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (13 tests):
+# Default subset (17 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -17,8 +17,13 @@
 #   28 (1x1, several k8 steps per chunk, partial chunk), TF32 mode;
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
-#   blocks.
-# A -k expression replaces it, selecting from those two files.
+#   blocks;
+# - tests/test_small_channels.py::test_small_channels_against_float64, TF32
+#   mode (the small-channel kernels are FFMA in both modes), forward, dgrad
+#   and wgrad of one case: the depthwise kernels on cases 0 (3x3), 1 (3x3,
+#   depth multiplier 2, stride 2) and 7 (generic 3x5, multiplier 2, stride
+#   (2, 1)); the few-channel kernels on case 13 (RGB stem, 7x7, stride 2).
+# A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
 mkdir -p "$out"
@@ -26,7 +31,7 @@ cd "$(dirname "$0")/.."
 command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; exit 1; }
 
 if [ $# -ge 2 ]; then
-  tests=(tests/test_correctness.py tests/test_determinism.py -k "$2")
+  tests=(tests/test_correctness.py tests/test_determinism.py tests/test_small_channels.py -k "$2")
 else
   tests=()
   for c in 0 4 8 12 13 16 18; do
@@ -40,6 +45,9 @@ else
   done
   for mode in ieee tf32; do
     tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
+  done
+  for c in 0 1 7 13; do
+    tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
   done
 fi
 

@@ -15,9 +15,11 @@
 
 #include "../pass_entry.h"
 #include "../plan.h"
+#include "../tile_config.h"
 #include "common.cuh"
 #include "fprop_implicit_gemm.h"
 #include "kernel_sizes.cuh"
+#include "small_channels.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -186,6 +188,15 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
           case Algo::kImplicitGemmSm90Flat:
             launch_fprop_sm90_flat(dgrad_as_fprop(p), go, w, /*bias=*/nullptr, grad_in,
                                    WeightOrder::kDgrad);
+            return;
+          case Algo::kDepthwise:
+          case Algo::kFewChannels:  // float32 only
+            if (small_channels::dgrad_runs_as_fprop(p)) {
+              launch_fprop_small_channels(dgrad_as_fprop(p), go, w, /*bias=*/nullptr, grad_in,
+                                          WeightOrder::kDgrad);
+            } else {
+              launch_dgrad_small_channels(p, go, w, grad_in);
+            }
             return;
           case Algo::kDirect:
             AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_dgrad", [&] {

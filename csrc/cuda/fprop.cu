@@ -19,6 +19,7 @@
 #include "common.cuh"
 #include "fprop_implicit_gemm.h"
 #include "kernel_sizes.cuh"
+#include "small_channels.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -165,6 +166,11 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
           case Algo::kImplicitGemmSm90Flat:
             launch_fprop_sm90_flat(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
                                    WeightOrder::kFprop);
+            return;
+          case Algo::kDepthwise:
+          case Algo::kFewChannels:  // float32 only
+            launch_fprop_small_channels(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
+                                        WeightOrder::kFprop);
             return;
           case Algo::kDirect:
             AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {

@@ -14,6 +14,13 @@
   X(5, 9)                                  \
   X(7, 7)
 
+// The direct kernels for few input channels per group (depthwise layers,
+// RGB stems) are specialised for the common depthwise sizes instead.
+#define CONV2D_EXT_FOR_EACH_SMALL_CHANNEL_KERNEL_SIZE(X) \
+  X(3, 3)                                                \
+  X(5, 5)                                                \
+  X(7, 7)
+
 namespace conv2d_ext {
 namespace cuda {
 
@@ -35,6 +42,19 @@ void dispatch_kernel_size(int64_t kernel_h, int64_t kernel_w,
     CONV2D_EXT_FOR_EACH_KERNEL_SIZE(CONV2D_EXT_TRY_SIZE)
 #undef CONV2D_EXT_TRY_SIZE
   }
+  fn(Int<0>{}, Int<0>{});
+}
+
+// The same over the small-channel list (float32 only).
+template <typename Fn>
+void dispatch_small_channel_kernel_size(int64_t kernel_h, int64_t kernel_w, Fn&& fn) {
+#define CONV2D_EXT_TRY_SIZE(H, W)             \
+  if (kernel_h == (H) && kernel_w == (W)) { \
+    fn(Int<H>{}, Int<W>{});                 \
+    return;                                 \
+  }
+  CONV2D_EXT_FOR_EACH_SMALL_CHANNEL_KERNEL_SIZE(CONV2D_EXT_TRY_SIZE)
+#undef CONV2D_EXT_TRY_SIZE
   fn(Int<0>{}, Int<0>{});
 }
 

@@ -74,6 +74,15 @@ __device__ __forceinline__ void cp_async_4(void* smem, const float* src,
 #endif
 }
 
+// 16-byte async copy that writes zeros instead when !valid (src is not
+// read, but must still be a valid address to form).
+__device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+
 __device__ __forceinline__ void cp_async_16(void* smem, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(

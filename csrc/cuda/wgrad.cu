@@ -21,6 +21,7 @@
 #include "../plan.h"
 #include "common.cuh"
 #include "kernel_sizes.cuh"
+#include "small_channels.h"
 #include "split_reduce.cuh"
 #include "wgrad_implicit_gemm.h"
 
@@ -203,6 +204,10 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
         switch (plan.algo) {
           case Algo::kImplicitGemm:  // float32 only
             launch_wgrad_implicit_gemm(p, go, x, grad_w, plan.math);
+            return;
+          case Algo::kDepthwise:
+          case Algo::kFewChannels:  // float32 only
+            launch_wgrad_small_channels(p, go, x, grad_w);
             return;
           case Algo::kDirect:
             AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_wgrad", [&] {

@@ -1,0 +1,216 @@
+// dgrad for few input channels per group (at most 4: depthwise layers, RGB
+// stems) on FFMA, at any stride.
+//
+// Stride phases: input row ih is reached by tap kh exactly when
+// (ih + pad_h - kh * dilation_h) is a multiple of stride_h, from output row
+// (ih + pad_h - kh * dilation_h) / stride_h. That depends on ih only through
+// ph = ih mod stride_h, so a block takes one phase (ph, pw): rows ih = ph +
+// stride_h * i, columns iw = pw + stride_w * j. Over (i, j) the phase is a
+// unit-stride correlation of grad_output with the taps that reach it (no
+// multiply-adds on the zeros a strided transposed convolution would insert)
+// at offsets off(kh) = (ph + pad_h - kh * dilation_h) / stride_h.
+//
+// A block owns a 32 x 64 tile of one phase of one image and group, all the
+// group's input channels (at most 4) as accumulators: each thread a column
+// of 8 rows. It stages grad_output tiles of 4 channels at a time with
+// their halo (16-byte copies where rows are aligned) and the matching
+// weights, so every grad_input element is written once.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "kernel_sizes.cuh"
+#include "small_channels.cuh"
+#include "small_channels.h"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace sc = conv2d_ext::small_channels;
+using small_channels::HaloCols;
+
+constexpr int kRows = sc::kNarrowRows;
+constexpr int kTileRows = kRows * sc::kSlots;
+constexpr int kChunk = sc::kDgradCoChunk;
+
+// The taps of one kernel dimension that reach phase `ph`: tap k reaches it
+// when (ph + pad - k * dil) % stride == 0. Returns the first such tap (or
+// kernel when none), the step between them and the offset of the first.
+struct PhaseTaps {
+  int first, step, count;
+  int off_first;  // grad_output offset of tap `first`; later taps are lower
+  int off_step;   // offset decrease per step
+};
+
+__device__ __forceinline__ PhaseTaps phase_taps(int ph, int pad, int kernel, int stride,
+                                                int dil) {
+  PhaseTaps t{kernel, 1, 0, 0, 0};
+  for (int k = 0; k < kernel && k < stride; ++k) {
+    const int num = ph + pad - k * dil;
+    if (((num % stride) + stride) % stride == 0) {
+      t.first = k;
+      break;
+    }
+  }
+  if (t.first == kernel) return t;
+  // Taps that reach a phase repeat every stride / gcd(stride, dil).
+  int a = stride, b = dil;
+  while (b != 0) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  t.step = stride / a;
+  t.count = (kernel - 1 - t.first) / t.step + 1;
+  t.off_first = (ph + pad - t.first * dil) / stride;  // exact
+  t.off_step = t.step * dil / stride;                 // exact
+  return t;
+}
+
+template <int KH_T, int KW_T, int kCi>
+__global__ void __launch_bounds__(sc::kThreads, 2)
+    dgrad_small_channels_kernel(const ConvParams p, const float* __restrict__ grad_out,
+                                const float* __restrict__ w, float* __restrict__ grad_in,
+                                bool vec, int halo_rows, int pitch, int tiles_w) {
+  extern __shared__ float4 smem4[];
+  float* s_go = reinterpret_cast<float*>(smem4);  // [kChunk][halo_rows][pitch]
+  float* s_w = s_go + kChunk * halo_rows * pitch;   // [kChunk][kh][kw][4 ci]
+  const int cin_g = p.in_channels_per_group();
+  const int cout_g = p.out_channels_per_group();
+  const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
+  const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
+  const int sh = p.stride_h, sw = p.stride_w;
+
+  // blockIdx.x -> (phase, tile of the phase); the tile grid is sized for
+  // the largest phase (phase 0).
+  const int phases_w = sw;
+  int t = blockIdx.x;
+  const int tile = t % (gridDim.x / (sh * sw));
+  t /= gridDim.x / (sh * sw);
+  const int ph = t / phases_w, pw = t % phases_w;
+  const int i0 = (tile / tiles_w) * kTileRows;
+  const int j0 = (tile % tiles_w) * sc::kTileCols;
+  const int rows_phase = (H - ph + sh - 1) / sh;  // rows ih = ph + sh * i, i < rows_phase
+  const int cols_phase = (W - pw + sw - 1) / sw;
+
+  const PhaseTaps th = phase_taps(ph, p.pad_h, KH, sh, p.dilation_h);
+  const PhaseTaps tw = phase_taps(pw, p.pad_w, KW, sw, p.dilation_w);
+  // grad_output rows a tile needs: i + off for off in [off_first - (count-1)*off_step, off_first].
+  const int off_h_min = th.off_first - (th.count - 1) * th.off_step;
+  const int off_w_min = tw.off_first - (tw.count - 1) * tw.off_step;
+  const int rows_needed = kTileRows + (th.count - 1) * th.off_step;
+  const int cols_needed = sc::kTileCols + (tw.count - 1) * tw.off_step;
+  const HaloCols hc = small_channels::halo_cols(j0 + off_w_min, vec);
+
+  const int col = threadIdx.x % sc::kTileCols;
+  const int r0 = (threadIdx.x / sc::kTileCols) * kRows;
+  const int j = j0 + col;
+  const bool any_tap = th.count > 0 && tw.count > 0;
+
+  for (int g = blockIdx.y; g < p.groups; g += gridDim.y) {
+    for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
+      float acc[kRows][kCi];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < kCi; ++c) acc[r][c] = 0.f;
+
+      for (int co0 = 0; any_tap && co0 < cout_g; co0 += kChunk) {
+        const int chunk = min(kChunk, cout_g - co0);
+        __syncthreads();  // the previous chunk is consumed
+        small_channels::stage_halo(
+            s_go, grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo), chunk,
+            Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch, vec);
+        cp_async_commit();
+        for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += sc::kThreads) {
+          const int ci = e % 4;
+          const int tap = (e / 4) % (KH * KW);
+          const int co = co0 + e / (4 * KH * KW);
+          s_w[e] = (co < cout_g && ci < cin_g)
+                       ? w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + tap]
+                       : 0.f;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int c = 0; c < chunk; ++c) {
+          const float* sgo = s_go + c * halo_rows * pitch + hc.lead;
+          const float* swc = s_w + c * KH * KW * 4;
+          for (int a = 0; a < th.count; ++a) {
+            const int kh = th.first + a * th.step;
+            // Row of tap kh for tile row 0: i0 + off(kh) - (i0 + off_h_min).
+            const int row = th.off_first - a * th.off_step - off_h_min + r0;
+            for (int b = 0; b < tw.count; ++b) {
+              const int kw = tw.first + b * tw.step;
+              const int cc = tw.off_first - b * tw.off_step - off_w_min + col;
+              float wv[4];
+              load_tile(swc + (kh * KW + kw) * 4, wv);
+              const float* s = sgo + row * pitch + cc;
+#pragma unroll
+              for (int r = 0; r < kRows; ++r) {
+                const float v = s[r * pitch];
+#pragma unroll
+                for (int ci = 0; ci < kCi; ++ci) acc[r][ci] = fmaf(v, wv[ci], acc[r][ci]);
+              }
+            }
+          }
+        }
+      }
+      if (j < cols_phase) {
+        const int iw = pw + sw * j;
+#pragma unroll
+        for (int ci = 0; ci < kCi; ++ci) {
+          if (ci >= cin_g) continue;
+          float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + iw;
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const int i = i0 + r0 + r;
+            if (i < rows_phase) gi[(ph + sh * i) * W] = acc[r][ci];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int KH, int KW, int kCi>
+void launch(const ConvParams& p, const float* go, const float* w, float* gi, bool vec) {
+  const sc::Halo h = sc::dgrad_halo(p);
+  const size_t smem = static_cast<size_t>(sc::dgrad_smem_bytes(p));
+  const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), sc::kTileCols);
+  const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), kTileRows) * tiles_w;
+  const int64_t blocks = tiles * p.stride_h * p.stride_w;
+  TORCH_CHECK(blocks < (int64_t(1) << 31), "conv2d_ext: input too large for the small-channel dgrad");
+  const dim3 grid(blocks, std::min(p.groups, kMaxGridYZ), std::min(p.batch, kMaxGridYZ));
+  auto kernel = dgrad_small_channels_kernel<KH, KW, kCi>;
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<grid, sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+      p, go, w, gi, vec, h.rows, h.pitch, static_cast<int>(tiles_w));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_dgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
+                                 const at::Tensor& w, at::Tensor& grad_in) {
+  TORCH_CHECK(sc::dgrad_fits(p), "conv2d_ext: internal error: small-channel dgrad does not fit");
+  const bool vec = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
+  const float* go = grad_out.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* gi = grad_in.data_ptr<float>();
+  dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
+    constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
+    switch (p.in_channels_per_group()) {
+      case 1:
+        return launch<KH, KW, 1>(p, go, wp, gi, vec);
+      case 2:
+        return launch<KH, KW, 2>(p, go, wp, gi, vec);
+      case 3:
+        return launch<KH, KW, 3>(p, go, wp, gi, vec);
+      default:
+        return launch<KH, KW, 4>(p, go, wp, gi, vec);
+    }
+  });
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext

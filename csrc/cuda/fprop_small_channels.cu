@@ -1,0 +1,212 @@
+// Forward for few input channels per group (at most 4: depthwise layers,
+// RGB stems) on FFMA; also dgrad at unit stride where that is such a
+// forward (p = dgrad_as_fprop(layer), WeightOrder::kDgrad).
+//
+// A few multiply-adds per byte: the limit is memory traffic, not the
+// tensor cores. A block stages its input channels' tile with halo in
+// shared memory once (16-byte async copies where rows are aligned), then
+// each thread owns one output column of the tile:
+// - narrow (at most 2 output channels per group, depthwise): 8 rows x
+//   those channels; 4 slots of 64 threads stack to a 32 x 64 tile. At unit
+//   stride and dilation a thread slides a register window down its column,
+//   so each staged value is read once per kernel column, not once per tap.
+// - wide (RGB stems): 2 rows x 16 channels; the 4 slots cover a 64-channel
+//   tile, and every staged input value feeds 16 multiply-adds.
+// Lanes of a warp own consecutive columns: coalesced stores, conflict-free
+// shared reads at unit stride.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "kernel_sizes.cuh"
+#include "small_channels.cuh"
+#include "small_channels.h"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace sc = conv2d_ext::small_channels;
+using small_channels::HaloCols;
+
+// The weights of one tap for this thread's channels (broadcast reads).
+template <int kCo>
+__device__ __forceinline__ void tap_weights(const float* s, float (&wv)[kCo]) {
+  if constexpr (kCo % 4 == 0) {
+    load_tile(s, wv);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kCo; ++c) wv[c] = s[c];
+  }
+}
+
+// kCo output channels x kRows rows per thread; kCoGroups slots split the
+// channel tile, the others stack rows.
+template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups>
+// Two blocks per SM at least: the copies of one block's tile overlap the
+// other's arithmetic.
+__global__ void __launch_bounds__(sc::kThreads, 2)
+    fprop_small_channels_kernel(const ConvParams p, const float* __restrict__ x,
+                                const float* __restrict__ w, const float* __restrict__ bias,
+                                float* __restrict__ y, WeightOrder order, bool vec,
+                                int halo_rows, int pitch) {
+  constexpr int kRowGroups = sc::kSlots / kCoGroups;
+  constexpr int kTileRows = kRows * kRowGroups;
+  constexpr int kCoTile = kCo * kCoGroups;
+  extern __shared__ float4 smem4[];
+  const int cin_g = p.in_channels_per_group();
+  const int cout_g = p.out_channels_per_group();
+  const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
+  const int taps = KH * KW;
+  float* s_x = reinterpret_cast<float*>(smem4);       // [ci][halo_rows][pitch]
+  float* s_w = s_x + cin_g * halo_rows * pitch;        // [ci][kh][kw][kCoTile]
+
+  const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
+  const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
+  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  const int oh0 = (blockIdx.x / tiles_w) * kTileRows;
+  const int ow0 = (blockIdx.x % tiles_w) * sc::kTileCols;
+  const int ih0 = oh0 * sh - p.pad_h;
+  const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * dw + 1;
+
+  const int col = threadIdx.x % sc::kTileCols;
+  const int slot = threadIdx.x / sc::kTileCols;  // warp-uniform
+  const int rg = slot % kRowGroups, cg = slot / kRowGroups;
+  const int ow = ow0 + col;
+  const int r0 = rg * kRows;  // first tile row of this thread
+  const bool unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
+
+  const int co_tiles = (cout_g + kCoTile - 1) / kCoTile;
+  for (int gy = blockIdx.y; gy < p.groups * co_tiles; gy += gridDim.y) {
+    const int g = gy / co_tiles;
+    const int co0 = (gy % co_tiles) * kCoTile;
+    __syncthreads();  // the previous tile's weights are consumed
+    for (int i = threadIdx.x; i < cin_g * taps * kCoTile; i += sc::kThreads) {
+      const int c = i % kCoTile;
+      const int t = i / kCoTile;  // (ci * KH + kh) * KW + kw
+      const int ci = t / taps, kh = (t % taps) / KW, kw = t % KW;
+      s_w[i] = weight_or_zero(p, w, order, g, co0 + c, ci, kh, kw);
+    }
+    for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
+      __syncthreads();  // the previous image's halo is consumed
+      small_channels::stage_halo(s_x, x + plane_offset(n, p.in_channels, g * cin_g, H * W),
+                                 cin_g, H, W, ih0, halo_rows, hc, halo_cols, pitch, vec);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+
+      float acc[kRows][kCo];
+#pragma unroll
+      for (int c = 0; c < kCo; ++c) {
+        const int co = co0 + cg * kCo + c;
+        const float b = (bias != nullptr && co < cout_g) ? bias[g * cout_g + co] : 0.f;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r][c] = b;
+      }
+      for (int ci = 0; ci < cin_g; ++ci) {
+        const float* sx = s_x + ci * halo_rows * pitch + hc.lead;
+        const float* swt = s_w + ci * taps * kCoTile + cg * kCo;
+        if constexpr (KH_T > 0 && kCoGroups == 1) {
+          if (unit) {
+            // Input row r0 + i feeds output rows r0 + i - kh: slide down
+            // the column, each staged value read once per kernel column.
+            float wr[KH_T][KW_T][kCo];
+#pragma unroll
+            for (int kh = 0; kh < KH_T; ++kh)
+#pragma unroll
+              for (int kw = 0; kw < KW_T; ++kw) tap_weights(swt + (kh * KW_T + kw) * kCoTile, wr[kh][kw]);
+#pragma unroll
+            for (int i = 0; i < kRows + KH_T - 1; ++i) {
+              float v[KW_T];
+#pragma unroll
+              for (int kw = 0; kw < KW_T; ++kw) v[kw] = sx[(r0 + i) * pitch + col + kw];
+#pragma unroll
+              for (int kh = 0; kh < KH_T; ++kh) {
+                const int r = i - kh;
+                if (r < 0 || r >= kRows) continue;
+#pragma unroll
+                for (int kw = 0; kw < KW_T; ++kw)
+#pragma unroll
+                  for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v[kw], wr[kh][kw][c], acc[r][c]);
+              }
+            }
+            continue;
+          }
+        }
+        // Wide tiles do not unroll the taps: the compiler would hoist the
+        // weight loads of a whole kernel row and spill.
+#pragma unroll(KH_T > 0 && kCoGroups == 1 ? KH_T : 1)
+        for (int kh = 0; kh < KH; ++kh) {
+#pragma unroll(KW_T > 0 && kCoGroups == 1 ? KW_T : 1)
+          for (int kw = 0; kw < KW; ++kw) {
+            float wv[kCo];
+            tap_weights(swt + (kh * KW + kw) * kCoTile, wv);
+            const float* s = sx + (r0 * sh + kh * dh) * pitch + col * sw + kw * dw;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+              const float v = s[r * sh * pitch];
+#pragma unroll
+              for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v, wv[c], acc[r][c]);
+            }
+          }
+        }
+      }
+      if (ow < Wo) {
+#pragma unroll
+        for (int c = 0; c < kCo; ++c) {
+          const int co = co0 + cg * kCo + c;
+          if (co >= cout_g) continue;
+          float* y_col = y + plane_offset(n, p.out_channels, g * cout_g + co, Ho * Wo) + ow;
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const int oh = oh0 + r0 + r;
+            if (oh < Ho) y_col[oh * Wo] = acc[r][c];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int KH, int KW, int kCo, int kRows, int kCoGroups>
+void launch(const ConvParams& p, const float* x, const float* w, const float* bias, float* y,
+            WeightOrder order, bool vec) {
+  constexpr int kTileRows = kRows * (sc::kSlots / kCoGroups);
+  const sc::Halo h = sc::fprop_halo(p);
+  const size_t smem = static_cast<size_t>(sc::fprop_smem_bytes(p));
+  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), kCo * kCoGroups);
+  const dim3 grid(ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols),
+                  std::min(p.groups * co_tiles, kMaxGridYZ), std::min(p.batch, kMaxGridYZ));
+  auto kernel = fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups>;
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<grid, sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+      p, x, w, bias, y, order, vec, h.rows, h.pitch);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+                                 const float* bias, at::Tensor& y, WeightOrder order) {
+  TORCH_CHECK(sc::fprop_fits(p), "conv2d_ext: internal error: small-channel forward does not fit");
+  TORCH_CHECK(ceil_div(p.out_h, sc::kNarrowRows * sc::kSlots) * ceil_div(p.out_w, sc::kTileCols) <
+                  (int64_t(1) << 31),
+              "conv2d_ext: output plane too large for the small-channel forward");
+  const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
+    constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
+    if (!sc::narrow(p)) {
+      launch<KH, KW, sc::kWideCo, sc::kWideRows, sc::kSlots>(p, xp, wp, bias, yp, order, vec);
+    } else if (p.out_channels_per_group() == 1) {
+      launch<KH, KW, 1, sc::kNarrowRows, 1>(p, xp, wp, bias, yp, order, vec);
+    } else {
+      launch<KH, KW, 2, sc::kNarrowRows, 1>(p, xp, wp, bias, yp, order, vec);
+    }
+  });
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext

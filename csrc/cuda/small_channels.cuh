@@ -1,0 +1,75 @@
+// Device pieces shared by the direct kernels for few input channels per
+// group (fprop/dgrad/wgrad_small_channels.cu): staging an input tile with
+// its halo in shared memory.
+#pragma once
+
+#include "../tile_config.h"
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace small_channels {
+
+using conv2d_ext::small_channels::kThreads;
+
+// Where a staged tile's columns sit: image column c is at shared column
+// c - first + lead. With 16-byte copies the staged columns start at the
+// 4-aligned column at or before `first`, so lead = first mod 4; otherwise
+// lead = 0.
+struct HaloCols {
+  int first, lead;
+};
+
+__device__ __forceinline__ HaloCols halo_cols(int first, bool vec) {
+  // & ~3 rounds down for negative columns too (two's complement).
+  return {first, vec ? first - (first & ~3) : 0};
+}
+
+// Starts async copies of `planes` planes (consecutive in the image, `H` x `W`
+// each, from `src`) into shared `dst` ([plane][rows][pitch]): image rows
+// [row0, row0 + rows) and columns [first, first + cols) of each, zeros
+// outside the image. 16-byte copies when `vec` (W % 4 == 0 and a 16-byte
+// aligned base, so a 4-aligned group of columns lies wholly inside or
+// outside a row); the caller commits and waits.
+__device__ __forceinline__ void stage_halo(float* dst, const float* src, int planes, int H,
+                                           int W, int row0, int rows, HaloCols hc, int cols,
+                                           int pitch, bool vec) {
+  const int64_t plane = int64_t(H) * W;
+  if (vec) {
+    const int c0 = hc.first - hc.lead;  // 4-aligned
+    const int vecs = (hc.lead + cols + 3) / 4;
+    const int per_plane = rows * vecs;
+    for (int i = threadIdx.x; i < planes * per_plane; i += kThreads) {
+      const int pl = i / per_plane;
+      const int rem = i - pl * per_plane;
+      const int r = rem / vecs;
+      const int v = rem - r * vecs;
+      const int ih = row0 + r, iw = c0 + 4 * v;
+      const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+      const float* g = inside ? src + pl * plane + int64_t(ih) * W + iw : src;
+      cp_async_16_or_zero(dst + (pl * rows + r) * pitch + 4 * v, g, inside);
+    }
+  } else {
+    const int per_plane = rows * cols;
+    for (int i = threadIdx.x; i < planes * per_plane; i += kThreads) {
+      const int pl = i / per_plane;
+      const int rem = i - pl * per_plane;
+      const int r = rem / cols;
+      const int c = rem - r * cols;
+      const int ih = row0 + r, iw = hc.first + c;
+      const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+      const float* g = inside ? src + pl * plane + int64_t(ih) * W + iw : src;
+      cp_async_4(dst + (pl * rows + r) * pitch + c, g, inside);
+    }
+  }
+}
+
+// Whether 16-byte copies may stage rows of width W from `base`.
+inline bool can_vectorise(const void* base, int64_t W) {
+  return W % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+}
+
+}  // namespace small_channels
+}  // namespace cuda
+}  // namespace conv2d_ext

@@ -1,0 +1,29 @@
+// Direct FFMA kernels for few input channels per group: depthwise layers
+// and RGB stems (float32, sm_80 and newer: they stage tiles with cp.async).
+// The plan picks them (Algo::kDepthwise, Algo::kFewChannels) when
+// small_channels::*_fits() holds (csrc/tile_config.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "../conv_params.h"
+
+namespace conv2d_ext {
+namespace cuda {
+
+// Forward, or dgrad at unit stride as a forward (p = dgrad_as_fprop(layer),
+// x = grad_output, w = the layer's weight read in WeightOrder::kDgrad).
+// bias may be null.
+void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+                                 const float* bias, at::Tensor& y, WeightOrder order);
+
+// dgrad at any stride: each block gathers one stride phase of grad_input.
+void launch_dgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
+                                 const at::Tensor& w, at::Tensor& grad_in);
+
+// wgrad, reduced over split slices of the output pixels in a fixed order.
+void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
+                                 const at::Tensor& x, at::Tensor& grad_w);
+
+}  // namespace cuda
+}  // namespace conv2d_ext

@@ -1,0 +1,386 @@
+// wgrad for few input channels per group (at most 4: depthwise layers, RGB
+// stems) on FFMA. GEMM view per group: M = Cout/groups, N = Cin/groups*KH*KW,
+// K = N*Ho*Wo output pixels; K is split into slices of output tiles over
+// blocks, and a second kernel sums the slices in slice order (no atomics:
+// bitwise reproducible).
+//
+// - narrow (at most 2 output channels per group, depthwise): a block takes
+//   one (group, input channel), stages that channel's 32 x 64 tile with
+//   halo per step and each thread sums a column of 8 output rows into all
+//   taps of the group's output channels; its grad_output values come
+//   straight from memory, each read once.
+// - wide (RGB stems): a block takes 64 output channels and 8-wide groups of
+//   the N columns; per 2 x 64 output tile it stages grad_output transposed
+//   ([pixel][channel]) and the group's input halo, and each thread
+//   accumulates an 8 x 8 tile of M x N (8 + 8 shared reads per 64 FMAs).
+// Pixels outside the output are skipped, never multiplied by zero: an Inf
+// input next to the output's edge must not turn into NaN.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include <algorithm>
+
+#include "kernel_sizes.cuh"
+#include "small_channels.cuh"
+#include "small_channels.h"
+#include "split_reduce.cuh"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace sc = conv2d_ext::small_channels;
+using small_channels::HaloCols;
+
+constexpr int kWarps = sc::kThreads / 32;
+
+// Splits `stages` steps of one tile of the weight gradient over slices so
+// that `tiles * slices` blocks fill the GPU `waves` times. Depends only on
+// the shape and the GPU: results are reproducible.
+int pick_slices(int64_t tiles, int64_t stages, int waves) {
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t want = ceil_div(int64_t(waves) * sms, tiles);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, stages, kMaxGridYZ})));
+}
+
+// ---- narrow -------------------------------------------------------------
+
+constexpr int kRows = sc::kNarrowRows;
+constexpr int kTileRows = kRows * sc::kSlots;
+
+// Taps per block: the whole kernel where its accumulators fit in
+// registers (7x7 with two output channels does not), 16 for generic sizes.
+template <int KH_T, int KW_T, int kCo>
+constexpr int narrow_taps() {
+  return KH_T > 0 ? (kCo * KH_T * KW_T <= 50 ? KH_T * KW_T : 25) : 16;
+}
+
+template <int KH_T, int KW_T, int kCo>
+__global__ void __launch_bounds__(sc::kThreads, 2)
+    wgrad_narrow_kernel(const ConvParams p, const float* __restrict__ grad_out,
+                        const float* __restrict__ x, float* __restrict__ partial, bool vec,
+                        int halo_rows, int pitch, int segs, int stages_per_slice) {
+  constexpr int kTaps = narrow_taps<KH_T, KW_T, kCo>();
+  extern __shared__ float4 smem4[];
+  float* s_x = reinterpret_cast<float*>(smem4);  // [halo_rows][pitch]
+  __shared__ float s_red[kWarps][kCo * kTaps];
+  const int cin_g = p.in_channels_per_group();
+  const int cout_g = p.out_channels_per_group();
+  const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
+  const int taps = KH * KW;
+  const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
+  const int sh = p.stride_h, sw = p.stride_w;
+
+  // blockIdx.x -> (group, input channel, tap segment).
+  const int seg = blockIdx.x % segs;
+  const int ci = (blockIdx.x / segs) % cin_g;
+  const int g = blockIdx.x / segs / cin_g;
+  const int tap0 = seg * kTaps;
+
+  const int col = threadIdx.x % sc::kTileCols;
+  const int r0 = (threadIdx.x / sc::kTileCols) * kRows;
+  int off[kTaps];  // shared-memory offset of each tap
+#pragma unroll
+  for (int t = 0; t < kTaps; ++t) {
+    const int tap = min(tap0 + t, taps - 1);
+    off[t] = (tap / KW) * p.dilation_h * pitch + (tap % KW) * p.dilation_w;
+  }
+  float acc[kCo][kTaps];
+#pragma unroll
+  for (int c = 0; c < kCo; ++c)
+#pragma unroll
+    for (int t = 0; t < kTaps; ++t) acc[c][t] = 0.f;
+
+  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  const int tiles = ((Ho + kTileRows - 1) / kTileRows) * tiles_w;
+  const int total = p.batch * tiles;
+  const int first = blockIdx.y * stages_per_slice;
+  const int last = min(first + stages_per_slice, total);
+  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
+  for (int s = first; s < last; ++s) {
+    const int n = s / tiles, tile = s % tiles;
+    const int oh0 = (tile / tiles_w) * kTileRows, ow0 = (tile % tiles_w) * sc::kTileCols;
+    const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+    __syncthreads();  // the previous tile is consumed
+    small_channels::stage_halo(s_x, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
+                               1, H, W, oh0 * sh - p.pad_h, halo_rows, hc, halo_cols, pitch,
+                               vec);
+    cp_async_commit();
+    // This thread's grad_output values, loaded while the copies fly.
+    const int ow = ow0 + col;
+    float go[kRows][kCo];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int oh = oh0 + r0 + r;
+#pragma unroll
+      for (int c = 0; c < kCo; ++c) {
+        go[r][c] = (oh < Ho && ow < Wo)
+                       ? __ldg(grad_out +
+                               plane_offset(n, p.out_channels, g * cout_g + c, Ho * Wo) +
+                               oh * Wo + ow)
+                       : 0.f;
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (ow >= Wo) continue;
+    const float* sx = s_x + hc.lead + r0 * sh * pitch + col * sw;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (oh0 + r0 + r >= Ho) break;
+#pragma unroll
+      for (int t = 0; t < kTaps; ++t) {
+        const float v = sx[r * sh * pitch + off[t]];
+#pragma unroll
+        for (int c = 0; c < kCo; ++c) acc[c][t] = fmaf(go[r][c], v, acc[c][t]);
+      }
+    }
+  }
+
+  // Fixed-order block reduction: butterfly within each warp, then the
+  // warps in index order.
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int c = 0; c < kCo; ++c) {
+#pragma unroll
+    for (int t = 0; t < kTaps; ++t) {
+      float v = acc[c][t];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) s_red[warp][c * kTaps + t] = v;
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kCo * kTaps; e += sc::kThreads) {
+    const int c = e / kTaps, tap = tap0 + e % kTaps;
+    if (c >= cout_g || tap >= taps) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < kWarps; ++wi) sum += s_red[wi][e];
+    partial[int64_t(blockIdx.y) * p.weight_numel() +
+            (int64_t(g * cout_g + c) * cin_g + ci) * taps + tap] = sum;
+  }
+}
+
+template <int KH, int KW, int kCo>
+int launch_narrow(const ConvParams& p, const float* go, const float* x, at::Tensor& grad_w,
+                  at::Tensor& partial_out, bool vec) {
+  constexpr int kTaps = narrow_taps<KH, KW, kCo>();
+  const sc::Halo h = sc::wgrad_halo(p);
+  const int segs = static_cast<int>(ceil_div(p.kernel_h * p.kernel_w, kTaps));
+  const int64_t blocks_x = p.groups * p.in_channels_per_group() * segs;
+  const int64_t stages = p.batch * ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols);
+  TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
+              "conv2d_ext: problem too large for the small-channel wgrad");
+  const int slices = pick_slices(blocks_x, stages, 4);
+  const int per_slice = static_cast<int>(ceil_div(stages, slices));
+  const int used = static_cast<int>(ceil_div(stages, per_slice));
+  at::Tensor partial = used == 1 ? grad_w : at::empty({used, p.weight_numel()}, grad_w.options());
+  const size_t smem = static_cast<size_t>(sc::wgrad_smem_bytes(p));
+  auto kernel = wgrad_narrow_kernel<KH, KW, kCo>;
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<dim3(blocks_x, used), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+      p, go, x, partial.data_ptr<float>(), vec, h.rows, h.pitch, segs, per_slice);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  partial_out = partial;
+  return used;
+}
+
+// ---- wide ---------------------------------------------------------------
+
+constexpr int kTileM = 8, kTileN = 8;  // a thread's M x N tile
+constexpr int kCoGroups = sc::kWgradWideCo / kTileM;
+constexpr int kMaxNGroups = sc::kThreads / kCoGroups;  // N groups per block
+constexpr int kPixels = sc::kWgradWidePixels;
+constexpr int kGoPitch = sc::kWgradGoPitch;
+
+struct WideShape {
+  int n_groups;  // of this block
+  int lanes;     // threads per M x N tile, splitting the pixels
+};
+
+__host__ __device__ inline WideShape wide_shape(int n_groups_block) {
+  const int tiles = n_groups_block * kCoGroups;
+  return {n_groups_block, std::max(1, sc::kThreads / tiles)};
+}
+
+__global__ void __launch_bounds__(sc::kThreads, 2)
+    wgrad_wide_kernel(const ConvParams p, const float* __restrict__ grad_out,
+                      const float* __restrict__ x, float* __restrict__ partial, bool vec,
+                      int halo_rows, int pitch, int n_parts, int stages_per_slice) {
+  extern __shared__ float4 smem4[];
+  float* s_go = reinterpret_cast<float*>(smem4);  // [kPixels][kGoPitch]
+  float* s_x = s_go + kPixels * kGoPitch;          // [ci][halo_rows][pitch]
+  const int cin_g = p.in_channels_per_group();
+  const int cout_g = p.out_channels_per_group();
+  const int KH = p.kernel_h, KW = p.kernel_w, taps = KH * KW;
+  const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
+  const int sh = p.stride_h, sw = p.stride_w;
+  const int n_total = cin_g * taps;
+  const int ng_total = (n_total + kTileN - 1) / kTileN;
+  const int ng_per_part = (ng_total + n_parts - 1) / n_parts;
+
+  // blockIdx.x -> (group, co tile, part of the N groups).
+  const int co_tiles = (cout_g + sc::kWgradWideCo - 1) / sc::kWgradWideCo;
+  const int part = blockIdx.x % n_parts;
+  const int co0 = (blockIdx.x / n_parts % co_tiles) * sc::kWgradWideCo;
+  const int g = blockIdx.x / n_parts / co_tiles;
+  const int ng0 = part * ng_per_part;
+  const int ngs = min(ng_per_part, ng_total - ng0);
+  const WideShape ws = wide_shape(ngs);
+  const int tiles = ngs * kCoGroups;
+  const int tid = threadIdx.x;
+  const bool worker = tid < tiles * ws.lanes;
+  const int tile = tid % tiles, lane_q = tid / tiles;
+  const int ng = ng0 + tile % ngs, cg = tile / ngs;
+
+  int xoff[kTileN];
+  const int plane = halo_rows * pitch;
+#pragma unroll
+  for (int j = 0; j < kTileN; ++j) {
+    const int nidx = min(ng * kTileN + j, n_total - 1);
+    const int ci = nidx / taps, tap = nidx % taps;
+    xoff[j] = ci * plane + (tap / KW) * p.dilation_h * pitch + (tap % KW) * p.dilation_w;
+  }
+  float acc[kTileM][kTileN];
+#pragma unroll
+  for (int i = 0; i < kTileM; ++i)
+#pragma unroll
+    for (int j = 0; j < kTileN; ++j) acc[i][j] = 0.f;
+
+  constexpr int kRowsT = sc::kWgradWideRows;
+  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  const int ptiles = ((Ho + kRowsT - 1) / kRowsT) * tiles_w;
+  const int total = p.batch * ptiles;
+  const int first = blockIdx.y * stages_per_slice;
+  const int last = min(first + stages_per_slice, total);
+  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
+  for (int s = first; s < last; ++s) {
+    const int n = s / ptiles, pt = s % ptiles;
+    const int oh0 = (pt / tiles_w) * kRowsT, ow0 = (pt % tiles_w) * sc::kTileCols;
+    const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+    __syncthreads();  // the previous tile is consumed
+    small_channels::stage_halo(s_x, x + plane_offset(n, p.in_channels, g * cin_g, H * W), cin_g,
+                               H, W, oh0 * sh - p.pad_h, halo_rows, hc, halo_cols, pitch, vec);
+    cp_async_commit();
+    // grad_output, transposed to [pixel][channel] so a thread's 8 channels
+    // are two 16-byte reads.
+    for (int e = tid; e < kPixels * sc::kWgradWideCo; e += sc::kThreads) {
+      const int px = e % kPixels, c = e / kPixels;
+      const int oh = oh0 + px / sc::kTileCols, ow = ow0 + px % sc::kTileCols;
+      const int co = co0 + c;
+      s_go[px * kGoPitch + c] =
+          (oh < Ho && ow < Wo && co < cout_g)
+              ? __ldg(grad_out + plane_offset(n, p.out_channels, g * cout_g + co, Ho * Wo) +
+                      oh * Wo + ow)
+              : 0.f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (!worker) continue;
+    const int rows = min(kRowsT, Ho - oh0), cols = min(sc::kTileCols, Wo - ow0);
+    for (int r = 0; r < rows; ++r) {
+      const float* sxr = s_x + hc.lead + r * sh * pitch;
+      for (int c = lane_q; c < cols; c += ws.lanes) {
+        float gv[kTileM];
+        load_tile(s_go + (r * sc::kTileCols + c) * kGoPitch + cg * kTileM, gv);
+        const float* sx = sxr + c * sw;
+        float xv[kTileN];
+#pragma unroll
+        for (int j = 0; j < kTileN; ++j) xv[j] = sx[xoff[j]];
+#pragma unroll
+        for (int i = 0; i < kTileM; ++i)
+#pragma unroll
+          for (int j = 0; j < kTileN; ++j) acc[i][j] = fmaf(gv[i], xv[j], acc[i][j]);
+      }
+    }
+  }
+
+  // Sum the lanes of each tile in lane order through shared memory.
+  __syncthreads();
+  float* s_red = reinterpret_cast<float*>(smem4);  // [thread][64]
+  if (worker && ws.lanes > 1) {
+#pragma unroll
+    for (int i = 0; i < kTileM; ++i)
+#pragma unroll
+      for (int j = 0; j < kTileN; ++j) s_red[tid * 64 + i * kTileN + j] = acc[i][j];
+  }
+  __syncthreads();
+  if (!worker || lane_q != 0) return;
+  if (ws.lanes > 1) {
+    for (int q = 1; q < ws.lanes; ++q) {
+      const float* o = s_red + (q * tiles + tile) * 64;
+#pragma unroll
+      for (int i = 0; i < kTileM; ++i)
+#pragma unroll
+        for (int j = 0; j < kTileN; ++j) acc[i][j] += o[i * kTileN + j];
+    }
+  }
+  float* out = partial + int64_t(blockIdx.y) * p.weight_numel();
+#pragma unroll
+  for (int i = 0; i < kTileM; ++i) {
+    const int co = co0 + cg * kTileM + i;
+    if (co >= cout_g) continue;
+#pragma unroll
+    for (int j = 0; j < kTileN; ++j) {
+      const int nidx = ng * kTileN + j;
+      // [co][ci][kh][kw] within the group is [co][nidx].
+      if (nidx < n_total) out[(int64_t(g) * cout_g + co) * n_total + nidx] = acc[i][j];
+    }
+  }
+}
+
+int launch_wide(const ConvParams& p, const float* go, const float* x, at::Tensor& grad_w,
+                at::Tensor& partial_out, bool vec) {
+  const sc::Halo h = sc::wgrad_halo(p);
+  const int64_t n_total = p.in_channels_per_group() * p.kernel_h * p.kernel_w;
+  const int64_t ng_total = ceil_div(n_total, kTileN);
+  const int n_parts = static_cast<int>(ceil_div(ng_total, kMaxNGroups));
+  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), sc::kWgradWideCo);
+  const int64_t blocks_x = p.groups * co_tiles * n_parts;
+  const int64_t stages = p.batch * ceil_div(p.out_h, sc::kWgradWideRows) *
+                         ceil_div(p.out_w, sc::kTileCols);
+  TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
+              "conv2d_ext: problem too large for the small-channel wgrad");
+  const int slices = pick_slices(blocks_x, stages, 2);
+  const int per_slice = static_cast<int>(ceil_div(stages, slices));
+  const int used = static_cast<int>(ceil_div(stages, per_slice));
+  at::Tensor partial = used == 1 ? grad_w : at::empty({used, p.weight_numel()}, grad_w.options());
+  const int64_t ng_block = ceil_div(ng_total, n_parts);
+  const WideShape ws = wide_shape(static_cast<int>(ng_block));
+  const int64_t red_bytes = ws.lanes > 1 ? int64_t(sc::kThreads) * 64 * 4 : 0;
+  const size_t smem = static_cast<size_t>(std::max(sc::wgrad_smem_bytes(p), red_bytes));
+  auto kernel = wgrad_wide_kernel;
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<dim3(blocks_x, used), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+      p, go, x, partial.data_ptr<float>(), vec, h.rows, h.pitch, n_parts, per_slice);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  partial_out = partial;
+  return used;
+}
+
+}  // namespace
+
+void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
+                                 const at::Tensor& x, at::Tensor& grad_w) {
+  TORCH_CHECK(sc::wgrad_fits(p), "conv2d_ext: internal error: small-channel wgrad does not fit");
+  const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
+  const float* go = grad_out.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  at::Tensor partial;
+  int slices = 1;
+  if (!sc::narrow(p)) {
+    slices = launch_wide(p, go, xp, grad_w, partial, vec);
+  } else {
+    dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
+      constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
+      slices = p.out_channels_per_group() == 1
+                   ? launch_narrow<KH, KW, 1>(p, go, xp, grad_w, partial, vec)
+                   : launch_narrow<KH, KW, 2>(p, go, xp, grad_w, partial, vec);
+    });
+  }
+  if (slices > 1) reduce_splits<float>(partial, grad_w, p.weight_numel(), slices);
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext

@@ -1,0 +1,233 @@
+"""Forward, dgrad and wgrad of depthwise and few-channel convolutions (at most
+4 input channels per group) against float64 references."""
+import pytest
+import torch
+
+import conv2d_ext
+from utils import DEVICES, cuda_only, precision_of, reduction_lengths, reference, rel_err, tolerance
+
+ops = torch.ops.conv2d_ext
+
+# (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation, groups, bias), as
+# in test_correctness.py. Depthwise (one input channel per group, depth
+# multiplier 1 or 2) on the specialised 3x3, 5x5 and 7x7 and on generic
+# sizes; then few input channels per group (1 to 4): RGB stems, grouped
+# layers with 1 to 70 output channels per group, depthwise with multiplier 3.
+# The kernels work in tiles of 32 rows x 64 columns: some images span
+# several, partial ones included; odd sizes, widths that are and are not
+# multiples of 4, and asymmetric padding exercise the edges.
+CASES = [
+    # Depthwise.
+    (2, 8, 13, 29, 8, (3, 3), 1, 1, 1, 8, True),
+    (1, 6, 37, 21, 12, (3, 3), 2, 1, 1, 6, False),  # multiplier 2, stride 2
+    (2, 4, 70, 135, 4, (3, 3), 1, 1, 1, 4, True),  # 3 x 3 tiles, partial ones
+    (1, 5, 40, 64, 5, (5, 5), 1, (4, 2), (2, 1), 5, False),  # width 64
+    (2, 3, 33, 68, 6, (5, 5), 2, (2, 1), 1, 3, True),  # multiplier 2, stride 2
+    (1, 4, 35, 70, 4, (7, 7), 1, 3, 1, 4, True),
+    (3, 2, 20, 31, 4, (7, 7), 2, (3, 1), 1, 2, False),  # multiplier 2, stride 2
+    (2, 4, 7, 9, 8, (3, 5), (2, 1), (1, 2), 1, 4, False),  # generic size, multiplier 2
+    (1, 8, 16, 20, 8, (1, 1), 1, 0, 1, 8, True),
+    (2, 3, 19, 23, 3, (2, 4), 1, (0, 3), (2, 1), 3, True),
+    (1, 4, 12, 40, 8, (1, 7), (1, 2), (0, 3), (1, 2), 4, False),
+    (1, 5, 33, 65, 5, (3, 3), (1, 2), (3, 1), 2, 5, True),  # dilation 2
+    (1, 1, 11, 14, 2, (3, 3), 1, 1, 1, 1, True),  # one input channel, groups 1
+    # Few input channels per group.
+    (2, 3, 30, 30, 64, (7, 7), 2, 3, 1, 1, False),  # RGB stem
+    (1, 3, 37, 21, 20, (3, 5), 1, (1, 2), 1, 1, True),
+    (2, 1, 13, 29, 5, (3, 3), 1, 1, 1, 1, True),
+    (1, 2, 70, 135, 3, (5, 5), 2, 2, 1, 1, False),
+    (1, 4, 33, 68, 16, (3, 3), (2, 1), 1, 2, 1, True),
+    (2, 8, 11, 17, 6, (3, 3), 1, 1, 1, 2, True),  # 4 -> 3 per group
+    (1, 6, 13, 29, 9, (3, 5), (2, 1), (1, 2), (1, 2), 3, False),  # 2 -> 3 per group
+    (1, 6, 9, 70, 210, (3, 3), 1, 1, 1, 3, True),  # 70 per group: partial 64 and 16 tiles
+    (1, 3, 16, 64, 70, (1, 1), 1, 0, 1, 1, True),
+    (2, 4, 12, 17, 2, (5, 5), 1, 2, 1, 2, False),  # 2 -> 1 per group
+    (2, 4, 15, 22, 12, (3, 3), 2, 1, 1, 4, True),  # depthwise, multiplier 3
+]
+CASE_IDS = [f"case{i}" for i in range(len(CASES))]
+# A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.
+FLOAT64_CASES = [CASES[i] for i in (0, 1, 13, 20)]
+
+# Larger shapes for the reproducibility test, so that the CUDA wgrad splits
+# its reduction over many blocks: depthwise, multiplier 2 with stride 2, and
+# an RGB stem.
+REPRODUCIBLE = [
+    (4, 32, 64, 64, 32, (3, 3), 1, 1, 1, 32, False),
+    (4, 16, 64, 64, 32, (5, 5), 2, 2, 1, 16, False),
+    (4, 3, 64, 64, 64, (7, 7), 2, 3, 1, 1, False),
+]
+
+PASSES = ("forward", "backward_input", "backward_weight")
+SMALL_CHANNEL_KERNELS = ("depthwise", "few_channels")
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def _geometry(case):
+    _, _, _, _, _, _, stride, padding, dilation, groups, _ = case
+    return [list(_pair(stride)), list(_pair(padding)), list(_pair(dilation)), groups]
+
+
+def _expected_kernel(case):
+    _, cin, _, _, cout, _, _, _, _, groups, _ = case
+    return "depthwise" if cin // groups == 1 and cout // groups <= 2 else "few_channels"
+
+
+def _precisions(x, wt, stride, padding, dilation, groups):
+    """The precision each pass is held to, for the operands the op sees. The
+    small-channel CUDA kernels are FFMA, so they must meet the IEEE bound in
+    either mode; every other kernel, the op's mode as usual."""
+    default = precision_of(x.dtype, x.device.type)
+    if x.device.type != "cuda":
+        return {p: default for p in PASSES}
+    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    return {p: "ieee" if ops._algorithm(p, x, wt, *geometry) in SMALL_CHANNEL_KERNELS else default
+            for p in PASSES}
+
+
+def _forward_and_grads(x, wt, b, stride, padding, dilation, groups, gy=None):
+    """Output and the autograd gradients of input, weight (and bias)."""
+    y = conv2d_ext.conv2d(x, wt, b, stride, padding, dilation, groups)
+    gy = torch.randn_like(y) if gy is None else gy
+    grads = torch.autograd.grad(y, [x, wt] + ([b] if b is not None else []), gy)
+    return (y, *grads), gy
+
+
+def _check(outs, x, wt, b, gy, stride, padding, dilation, groups, precisions, label):
+    """Each result against F.conv2d in float64 (forward, grad_input,
+    grad_weight, grad_bias; the bias gradient with wgrad's reduction)."""
+    refs = reference(x, wt, b, stride, padding, dilation, groups, grad_out=gy)
+    mags = reference(x, wt, b, stride, padding, dilation, groups, grad_out=gy, absolute=True)
+    assert len(outs) == len(refs), f"{label}: {len(outs)} results, expected {len(refs)}"
+    k_fprop, k_dgrad, k_wgrad = reduction_lengths(x, wt, outs[0])
+    names = ["forward", "grad_input", "grad_weight", "grad_bias"]
+    lengths = [k_fprop, k_dgrad, k_wgrad, k_wgrad]
+    passes = ["forward", "backward_input", "backward_weight", "backward_weight"]
+    for name, out, ref, mag, length, pass_ in zip(names, outs, refs, mags, lengths, passes):
+        precision = precisions[pass_]
+        err = rel_err(out, ref, mag, length)
+        tol = tolerance(x.dtype, precision, length)
+        assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g} for {label} ({precision})"
+
+
+def _run(case, device, dtype):
+    n, cin, h, w, cout, k, stride, padding, dilation, groups, bias = case
+    x = torch.randn(n, cin, h, w, device=device, dtype=dtype, requires_grad=True)
+    wt = torch.randn(cout, cin // groups, *k, device=device, dtype=dtype, requires_grad=True)
+    b = torch.randn(cout, device=device, dtype=dtype, requires_grad=True) if bias else None
+    outs, gy = _forward_and_grads(x, wt, b, stride, padding, dilation, groups)
+    precisions = _precisions(x, wt, stride, padding, dilation, groups)
+    _check(outs, x, wt, b, gy, stride, padding, dilation, groups, precisions, case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_small_channels_against_float64(case, device, precision):
+    """Float32 in both modes; on CUDA the small-channel kernels are held to
+    the IEEE bound in TF32 mode too."""
+    _run(case, device, torch.float32)
+
+
+@pytest.mark.parametrize("case", FLOAT64_CASES, ids=[f"f64case{i}" for i in range(len(FLOAT64_CASES))])
+@pytest.mark.parametrize("device", DEVICES)
+def test_small_channels_float64(case, device):
+    _run(case, device, torch.float64)
+
+
+@cuda_only
+def test_small_channel_cases_reach_their_kernels(precision):
+    """The cases test what they claim: in float32, every pass of each runs
+    the depthwise kernel (one input channel and at most two output channels
+    per group) or the few-channel kernel (at most 4 input channels per
+    group), in both precision modes."""
+    for case in CASES + REPRODUCIBLE:
+        n, cin, h, w, cout, k, _, _, _, groups, _ = case
+        x = torch.empty(n, cin, h, w, device="cuda")
+        wt = torch.empty(cout, cin // groups, *k, device="cuda")
+        expected = _expected_kernel(case)
+        for pass_ in PASSES:
+            algo = ops._algorithm(pass_, x, wt, *_geometry(case))
+            assert algo == expected, f"{case} {pass_}: {algo}, expected {expected} ({precision})"
+
+
+@cuda_only
+@pytest.mark.parametrize("case", REPRODUCIBLE, ids=["depthwise", "multiplier2", "rgb"])
+def test_small_channels_bitwise_reproducible(case, precision):
+    n, cin, h, w, cout, k, _, _, _, groups, _ = case
+    geometry = _geometry(case)
+    x = torch.randn(n, cin, h, w, device="cuda")
+    wt = torch.randn(cout, cin // groups, *k, device="cuda")
+    gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
+
+    def run_all():
+        return (
+            ops.conv2d(x, wt, None, *geometry),
+            ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry),
+            ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry),
+        )
+
+    first = run_all()
+    for _ in range(2):
+        for name, a, b in zip(PASSES, first, run_all()):
+            assert torch.isfinite(a).all(), f"{case} {name}: non-finite result ({precision})"
+            assert torch.equal(a, b), (f"{case} {name}: results differ between calls, max difference "
+                                       f"{(a - b).abs().max().item():.3g} ({precision})")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel,dilation", [((4, 4), 1), ((2, 6), (2, 1)), ((3, 4), (1, 3))])
+def test_depthwise_same_padding_even_kernel(device, kernel, dilation, precision):
+    """padding='same' with an even effective kernel pads one more row or
+    column at the bottom or right: asymmetric, as the op sees it."""
+    groups = 6
+    x = torch.randn(2, groups, 13, 18, device=device, requires_grad=True)
+    wt = torch.randn(groups, 1, *kernel, device=device, requires_grad=True)
+    b = torch.randn(groups, device=device, requires_grad=True)
+    outs, gy = _forward_and_grads(x, wt, b, 1, "same", dilation, groups)
+    label = f"'same', kernel {kernel}, dilation {dilation}"
+    assert outs[0].shape == x.shape, f"{label}: output shape {tuple(outs[0].shape)}, not {tuple(x.shape)}"
+    # The operands the op is called with: the input padded by the odd
+    # remainder, then the symmetric part as its padding.
+    total = [d * (kk - 1) for d, kk in zip(_pair(dilation), kernel)]
+    padded = torch.empty(2, groups, 13 + total[0] % 2, 18 + total[1] % 2, device=device)
+    precisions = _precisions(padded, wt, 1, [t // 2 for t in total], dilation, groups)
+    _check(outs, x, wt, b, gy, 1, "same", dilation, groups, precisions, label)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["channels_last", "sliced"])
+def test_depthwise_noncontiguous(device, layout, precision):
+    """Depthwise with multiplier 2 on channels_last and strided views: the
+    same results as on contiguous tensors, and correct."""
+    n, c, h, w, k = 2, 8, 21, 70, (5, 5)
+    geometry = (1, 2, 1, c)
+    x = torch.randn(n, c, h, w, device=device)
+    wt = torch.randn(2 * c, 1, *k, device=device)
+    b = torch.randn(2 * c, device=device)
+    gy = torch.randn(n, 2 * c, h, w, device=device)
+    if layout == "channels_last":
+        xs = x.to(memory_format=torch.channels_last)
+        ws = wt.to(memory_format=torch.channels_last)
+        gys = gy.to(memory_format=torch.channels_last)
+    else:
+        xs = torch.randn(n, 2 * c, h, 2 * w, device=device)[:, 1::2, :, ::2]
+        xs.copy_(x)
+        ws = torch.randn(2 * c, 1, k[0], 2 * k[1], device=device)[..., ::2]
+        ws.copy_(wt)
+        gys = torch.randn(n, 2 * c, h, 2 * w, device=device)[..., 1::2]
+        gys.copy_(gy)
+    assert not xs.is_contiguous() and not gys.is_contiguous(), layout
+    leaves = [t.clone().requires_grad_() for t in (x, wt, b)]
+    want, _ = _forward_and_grads(*leaves, *geometry, gy=gy)
+    got_leaves = [xs.requires_grad_(), ws.requires_grad_(), b.clone().requires_grad_()]
+    got, _ = _forward_and_grads(*got_leaves, *geometry, gy=gys)
+    # The op hands contiguous operands to the same kernels: identical
+    # output, input and weight gradients (the bias gradient is PyTorch's
+    # own sum, whose order follows the layout).
+    for name, a, e in zip(["forward", "grad_input", "grad_weight"], got, want):
+        assert torch.equal(a, e), (f"{layout} {name}: differs from contiguous by "
+                                   f"{(a - e).abs().max().item():.3g}")
+    precisions = _precisions(x, wt, *geometry)
+    _check(got, x, wt, b, gy, *geometry, precisions, f"depthwise {layout}")
