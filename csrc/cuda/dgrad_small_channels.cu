@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         __syncthreads();  // the previous chunk is consumed
         small_channels::stage_halo(
             s_go, grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo), chunk,
-            Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch, vec);
+            Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch, halo_rows * pitch, vec);
         cp_async_commit();
         for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += sc::kThreads) {
           const int ci = e % 4;

@@ -57,8 +57,10 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int cout_g = p.out_channels_per_group();
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
   const int taps = KH * KW;
-  float* s_x = reinterpret_cast<float*>(smem4);       // [ci][halo_rows][pitch]
-  float* s_w = s_x + cin_g * halo_rows * pitch;        // [ci][kh][kw][kCoTile]
+  // Two halo buffers: the next image's copies fly while this one computes.
+  const int buf_floats = cin_g * halo_rows * pitch;
+  float* s_buf = reinterpret_cast<float*>(smem4);  // [2][ci][halo_rows][pitch]
+  float* s_w = s_buf + 2 * buf_floats;              // [ci][kh][kw][kCoTile]
 
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
@@ -87,13 +89,20 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
       const int ci = t / taps, kh = (t % taps) / KW, kw = t % KW;
       s_w[i] = weight_or_zero(p, w, order, g, co0 + c, ci, kh, kw);
     }
+    auto stage = [&](int n, float* dst) {
+      small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g, H * W),
+                                 cin_g, H, W, ih0, halo_rows, hc, halo_cols, pitch,
+                                 halo_rows * pitch, vec);
+    };
+    int buf = 0;
+    stage(blockIdx.z, s_buf);  // blockIdx.z < batch (grid z is at most the batch)
+    cp_async_commit();
     for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
-      __syncthreads();  // the previous image's halo is consumed
-      small_channels::stage_halo(s_x, x + plane_offset(n, p.in_channels, g * cin_g, H * W),
-                                 cin_g, H, W, ih0, halo_rows, hc, halo_cols, pitch, vec);
-      cp_async_commit();
-      cp_async_wait<0>();
+      if (n + gridDim.z < p.batch) stage(n + gridDim.z, s_buf + (buf ^ 1) * buf_floats);
+      cp_async_commit();  // possibly empty: the wait below counts groups
+      cp_async_wait<1>();
       __syncthreads();
+      const float* s_x = s_buf + buf * buf_floats;
 
       float acc[kRows][kCo];
 #pragma unroll
@@ -164,6 +173,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
           }
         }
       }
+      __syncthreads();  // this buffer is consumed before it is refilled
+      buf ^= 1;
     }
   }
 }
@@ -175,8 +186,14 @@ void launch(const ConvParams& p, const float* x, const float* w, const float* bi
   const sc::Halo h = sc::fprop_halo(p);
   const size_t smem = static_cast<size_t>(sc::fprop_smem_bytes(p));
   const int64_t co_tiles = ceil_div(p.out_channels_per_group(), kCo * kCoGroups);
+  // Blocks loop over images, prefetching the next one; spread images over
+  // grid z only as far as needed to fill the GPU several blocks deep.
+  const int64_t xy = ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols) *
+                     std::min(p.groups * co_tiles, kMaxGridYZ);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t z = std::min({p.batch, kMaxGridYZ, ceil_div(8 * int64_t(sms), xy)});
   const dim3 grid(ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols),
-                  std::min(p.groups * co_tiles, kMaxGridYZ), std::min(p.batch, kMaxGridYZ));
+                  std::min(p.groups * co_tiles, kMaxGridYZ), z);
   auto kernel = fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups>;
   ensure_dynamic_smem(kernel, smem);
   kernel<<<grid, sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(

@@ -27,14 +27,15 @@ __device__ __forceinline__ HaloCols halo_cols(int first, bool vec) {
 }
 
 // Starts async copies of `planes` planes (consecutive in the image, `H` x `W`
-// each, from `src`) into shared `dst` ([plane][rows][pitch]): image rows
+// each, from `src`) into shared `dst` ([plane][plane_stride floats], each
+// [rows][pitch]): image rows
 // [row0, row0 + rows) and columns [first, first + cols) of each, zeros
 // outside the image. 16-byte copies when `vec` (W % 4 == 0 and a 16-byte
 // aligned base, so a 4-aligned group of columns lies wholly inside or
 // outside a row); the caller commits and waits.
 __device__ __forceinline__ void stage_halo(float* dst, const float* src, int planes, int H,
                                            int W, int row0, int rows, HaloCols hc, int cols,
-                                           int pitch, bool vec) {
+                                           int pitch, int plane_stride, bool vec) {
   const int64_t plane = int64_t(H) * W;
   if (vec) {
     const int c0 = hc.first - hc.lead;  // 4-aligned
@@ -48,7 +49,7 @@ __device__ __forceinline__ void stage_halo(float* dst, const float* src, int pla
       const int ih = row0 + r, iw = c0 + 4 * v;
       const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
       const float* g = inside ? src + pl * plane + int64_t(ih) * W + iw : src;
-      cp_async_16_or_zero(dst + (pl * rows + r) * pitch + 4 * v, g, inside);
+      cp_async_16_or_zero(dst + pl * plane_stride + r * pitch + 4 * v, g, inside);
     }
   } else {
     const int per_plane = rows * cols;
@@ -60,7 +61,7 @@ __device__ __forceinline__ void stage_halo(float* dst, const float* src, int pla
       const int ih = row0 + r, iw = hc.first + c;
       const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
       const float* g = inside ? src + pl * plane + int64_t(ih) * W + iw : src;
-      cp_async_4(dst + (pl * rows + r) * pitch + c, g, inside);
+      cp_async_4(dst + pl * plane_stride + r * pitch + c, g, inside);
     }
   }
 }

@@ -48,11 +48,12 @@ int pick_slices(int64_t tiles, int64_t stages, int waves) {
 constexpr int kRows = sc::kNarrowRows;
 constexpr int kTileRows = kRows * sc::kSlots;
 
-// Taps per block: the whole kernel where its accumulators fit in
-// registers (7x7 with two output channels does not), 16 for generic sizes.
+// Taps per block: the whole kernel up to 5x5; 7x7's 49 accumulators per
+// channel and their offsets spill, so it takes two blocks of 25 and 24.
+// 16 for generic sizes.
 template <int KH_T, int KW_T, int kCo>
 constexpr int narrow_taps() {
-  return KH_T > 0 ? (kCo * KH_T * KW_T <= 50 ? KH_T * KW_T : 25) : 16;
+  return KH_T > 0 ? (KH_T * KW_T <= 25 ? KH_T * KW_T : 25) : 16;
 }
 
 template <int KH_T, int KW_T, int kCo>
@@ -62,7 +63,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                         int halo_rows, int pitch, int segs, int stages_per_slice) {
   constexpr int kTaps = narrow_taps<KH_T, KW_T, kCo>();
   extern __shared__ float4 smem4[];
-  float* s_x = reinterpret_cast<float*>(smem4);  // [halo_rows][pitch]
+  // Two halo buffers: the next tile's copies fly while this one computes.
+  float* s_buf = reinterpret_cast<float*>(smem4);  // [2][halo_rows][pitch]
   __shared__ float s_red[kWarps][kCo * kTaps];
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
@@ -97,15 +99,26 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
-  for (int s = first; s < last; ++s) {
+  const int buf_floats = halo_rows * pitch;
+  auto stage = [&](int s, float* dst) {
+    const int n = s / tiles, tile = s % tiles;
+    const int oh0 = (tile / tiles_w) * kTileRows, ow0 = (tile % tiles_w) * sc::kTileCols;
+    small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
+                               1, H, W, oh0 * sh - p.pad_h, halo_rows,
+                               small_channels::halo_cols(ow0 * sw - p.pad_w, vec), halo_cols,
+                               pitch, buf_floats, vec);
+  };
+  int buf = 0;
+  if (first < last) stage(first, s_buf);
+  cp_async_commit();
+  for (int s = first; s < last; ++s, buf ^= 1) {
     const int n = s / tiles, tile = s % tiles;
     const int oh0 = (tile / tiles_w) * kTileRows, ow0 = (tile % tiles_w) * sc::kTileCols;
     const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
-    __syncthreads();  // the previous tile is consumed
-    small_channels::stage_halo(s_x, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
-                               1, H, W, oh0 * sh - p.pad_h, halo_rows, hc, halo_cols, pitch,
-                               vec);
-    cp_async_commit();
+    // The buffer refilled here was consumed in the previous iteration
+    // (barrier at its end).
+    if (s + 1 < last) stage(s + 1, s_buf + (buf ^ 1) * buf_floats);
+    cp_async_commit();  // possibly empty: the wait below counts groups
     // This thread's grad_output values, loaded while the copies fly.
     const int ow = ow0 + col;
     float go[kRows][kCo];
@@ -121,20 +134,22 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                        : 0.f;
       }
     }
-    cp_async_wait<0>();
+    cp_async_wait<1>();
     __syncthreads();
-    if (ow >= Wo) continue;
-    const float* sx = s_x + hc.lead + r0 * sh * pitch + col * sw;
+    if (ow < Wo) {
+      const float* sx = s_buf + buf * buf_floats + hc.lead + r0 * sh * pitch + col * sw;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (oh0 + r0 + r >= Ho) break;
+      for (int r = 0; r < kRows; ++r) {
+        if (oh0 + r0 + r >= Ho) break;
 #pragma unroll
-      for (int t = 0; t < kTaps; ++t) {
-        const float v = sx[r * sh * pitch + off[t]];
+        for (int t = 0; t < kTaps; ++t) {
+          const float v = sx[r * sh * pitch + off[t]];
 #pragma unroll
-        for (int c = 0; c < kCo; ++c) acc[c][t] = fmaf(go[r][c], v, acc[c][t]);
+          for (int c = 0; c < kCo; ++c) acc[c][t] = fmaf(go[r][c], v, acc[c][t]);
+        }
       }
     }
+    __syncthreads();  // this buffer is consumed before it is refilled
   }
 
   // Fixed-order block reduction: butterfly within each warp, then the
@@ -261,7 +276,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
     __syncthreads();  // the previous tile is consumed
     small_channels::stage_halo(s_x, x + plane_offset(n, p.in_channels, g * cin_g, H * W), cin_g,
-                               H, W, oh0 * sh - p.pad_h, halo_rows, hc, halo_cols, pitch, vec);
+                               H, W, oh0 * sh - p.pad_h, halo_rows, hc, halo_cols, pitch,
+                               halo_rows * pitch, vec);
     cp_async_commit();
     // grad_output, transposed to [pixel][channel] so a thread's 8 channels
     // are two 16-byte reads.
