@@ -291,6 +291,10 @@ constexpr int kWideCo = 16;
 // this many grad_output channels at a time.
 constexpr int kDgradCoChunk = 4;
 constexpr int64_t kMaxSmemBytes = 100 * 1024;
+// Staged tiles in flight per block: a block computes one while the copies
+// of the next two fly (two blocks per SM could not keep enough bytes in
+// flight with one).
+constexpr int kHaloStages = 3;
 
 inline bool narrow(const ConvParams& p) { return p.out_channels_per_group() <= kNarrowMaxCo; }
 
@@ -317,8 +321,8 @@ inline Halo halo(int64_t out_rows, int64_t out_cols, int64_t kernel_h, int64_t k
   return h;
 }
 
-// Forward: two halo buffers of the block's input channels (one image
-// computes while the next one's copies fly) and the weights of its
+// Forward: a ring of halo buffers of the block's input channels (one image
+// computes while the next ones' copies fly) and the weights of its
 // output-channel tile.
 inline int fprop_tile_rows(const ConvParams& p) {
   return narrow(p) ? kNarrowRows * kSlots : kWideRows;
@@ -332,7 +336,8 @@ inline Halo fprop_halo(const ConvParams& p) {
 }
 inline int64_t fprop_smem_bytes(const ConvParams& p) {
   const int64_t cin = p.in_channels_per_group();
-  return 4 * (2 * cin * fprop_halo(p).floats + cin * p.kernel_h * p.kernel_w * fprop_co_tile(p));
+  return 4 * (kHaloStages * cin * fprop_halo(p).floats +
+              cin * p.kernel_h * p.kernel_w * fprop_co_tile(p));
 }
 inline bool fprop_fits(const ConvParams& p) {
   return p.in_channels_per_group() <= kMaxChannels && fprop_smem_bytes(p) <= kMaxSmemBytes;
@@ -367,7 +372,10 @@ inline Halo wgrad_halo(const ConvParams& p) {
               p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w);
 }
 inline int64_t wgrad_smem_bytes(const ConvParams& p) {
-  if (narrow(p)) return 4 * 2 * wgrad_halo(p).floats;  // two buffers
+  if (narrow(p)) {  // a ring of (input halo, grad_output tiles)
+    return 4 * kHaloStages *
+           (wgrad_halo(p).floats + p.out_channels_per_group() * kNarrowRows * kSlots * kTileCols);
+  }
   return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch +
               p.in_channels_per_group() * wgrad_halo(p).floats);
 }

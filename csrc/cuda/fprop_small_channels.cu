@@ -57,10 +57,11 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int cout_g = p.out_channels_per_group();
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
   const int taps = KH * KW;
-  // Two halo buffers: the next image's copies fly while this one computes.
+  // A ring of halo buffers: the next images' copies fly while one computes.
+  constexpr int kStages = sc::kHaloStages;
   const int buf_floats = cin_g * halo_rows * pitch;
-  float* s_buf = reinterpret_cast<float*>(smem4);  // [2][ci][halo_rows][pitch]
-  float* s_w = s_buf + 2 * buf_floats;              // [ci][kh][kw][kCoTile]
+  float* s_buf = reinterpret_cast<float*>(smem4);  // [kStages][ci][halo_rows][pitch]
+  float* s_w = s_buf + kStages * buf_floats;        // [ci][kh][kw][kCoTile]
 
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
@@ -94,13 +95,22 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                                  cin_g, H, W, ih0, halo_rows, hc, halo_cols, pitch,
                                  halo_rows * pitch, vec);
     };
+    // Groups are committed even when empty, so that the wait below counts
+    // kStages - 1 groups younger than the current image's.
+#pragma unroll
+    for (int k = 0; k < kStages - 1; ++k) {
+      const int n = blockIdx.z + k * gridDim.z;
+      if (n < p.batch) stage(n, s_buf + k * buf_floats);
+      cp_async_commit();
+    }
     int buf = 0;
-    stage(blockIdx.z, s_buf);  // blockIdx.z < batch (grid z is at most the batch)
-    cp_async_commit();
     for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
-      if (n + gridDim.z < p.batch) stage(n + gridDim.z, s_buf + (buf ^ 1) * buf_floats);
-      cp_async_commit();  // possibly empty: the wait below counts groups
-      cp_async_wait<1>();
+      // Refills the buffer consumed in the previous iteration (barrier at
+      // its end).
+      const int ahead = n + (kStages - 1) * gridDim.z;
+      if (ahead < p.batch) stage(ahead, s_buf + ((buf + kStages - 1) % kStages) * buf_floats);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
       __syncthreads();
       const float* s_x = s_buf + buf * buf_floats;
 
@@ -174,7 +184,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         }
       }
       __syncthreads();  // this buffer is consumed before it is refilled
-      buf ^= 1;
+      buf = (buf + 1) % kStages;
     }
   }
 }

@@ -6,9 +6,9 @@
 //
 // - narrow (at most 2 output channels per group, depthwise): a block takes
 //   one (group, input channel), stages that channel's 32 x 64 tile with
-//   halo per step and each thread sums a column of 8 output rows into all
-//   taps of the group's output channels; its grad_output values come
-//   straight from memory, each read once.
+//   halo and the matching grad_output tiles per step, in a ring of buffers
+//   that keeps the next steps' copies in flight, and each thread sums a
+//   column of 8 output rows into all taps of the group's output channels.
 // - wide (RGB stems): a block takes 64 output channels and 8-wide groups of
 //   the N columns; per 2 x 64 output tile it stages grad_output transposed
 //   ([pixel][channel]) and the group's input halo, and each thread
@@ -60,11 +60,14 @@ template <int KH_T, int KW_T, int kCo>
 __global__ void __launch_bounds__(sc::kThreads, 2)
     wgrad_narrow_kernel(const ConvParams p, const float* __restrict__ grad_out,
                         const float* __restrict__ x, float* __restrict__ partial, bool vec,
-                        int halo_rows, int pitch, int segs, int stages_per_slice) {
+                        bool vec_go, int halo_rows, int pitch, int segs, int stages_per_slice) {
   constexpr int kTaps = narrow_taps<KH_T, KW_T, kCo>();
+  constexpr int kStages = sc::kHaloStages;
+  constexpr int kGoFloats = kTileRows * sc::kTileCols;  // one channel's tile
+  // A ring of stage buffers, each the input halo then kCo grad_output
+  // tiles: the next tiles' copies fly while one computes.
   extern __shared__ float4 smem4[];
-  // Two halo buffers: the next tile's copies fly while this one computes.
-  float* s_buf = reinterpret_cast<float*>(smem4);  // [2][halo_rows][pitch]
+  float* s_buf = reinterpret_cast<float*>(smem4);
   __shared__ float s_red[kWarps][kCo * kTaps];
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
@@ -99,53 +102,58 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
-  const int buf_floats = halo_rows * pitch;
+  const int x_floats = halo_rows * pitch;
+  const int buf_floats = x_floats + kCo * kGoFloats;
   auto stage = [&](int s, float* dst) {
     const int n = s / tiles, tile = s % tiles;
     const int oh0 = (tile / tiles_w) * kTileRows, ow0 = (tile % tiles_w) * sc::kTileCols;
     small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
                                1, H, W, oh0 * sh - p.pad_h, halo_rows,
                                small_channels::halo_cols(ow0 * sw - p.pad_w, vec), halo_cols,
-                               pitch, buf_floats, vec);
+                               pitch, x_floats, vec);
+    small_channels::stage_halo(dst + x_floats,
+                               grad_out + plane_offset(n, p.out_channels, g * cout_g, Ho * Wo),
+                               kCo, Ho, Wo, oh0, kTileRows,
+                               small_channels::halo_cols(ow0, vec_go), sc::kTileCols,
+                               sc::kTileCols, kGoFloats, vec_go);
   };
+  // Groups are committed even when empty, so that the wait below counts
+  // kStages - 1 groups younger than the current tile's.
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) {
+    if (first + k < last) stage(first + k, s_buf + k * buf_floats);
+    cp_async_commit();
+  }
   int buf = 0;
-  if (first < last) stage(first, s_buf);
-  cp_async_commit();
-  for (int s = first; s < last; ++s, buf ^= 1) {
+  for (int s = first; s < last; ++s, buf = (buf + 1) % kStages) {
     const int n = s / tiles, tile = s % tiles;
     const int oh0 = (tile / tiles_w) * kTileRows, ow0 = (tile % tiles_w) * sc::kTileCols;
+    (void)n;
     const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
-    // The buffer refilled here was consumed in the previous iteration
-    // (barrier at its end).
-    if (s + 1 < last) stage(s + 1, s_buf + (buf ^ 1) * buf_floats);
-    cp_async_commit();  // possibly empty: the wait below counts groups
-    // This thread's grad_output values, loaded while the copies fly.
-    const int ow = ow0 + col;
-    float go[kRows][kCo];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int oh = oh0 + r0 + r;
-#pragma unroll
-      for (int c = 0; c < kCo; ++c) {
-        go[r][c] = (oh < Ho && ow < Wo)
-                       ? __ldg(grad_out +
-                               plane_offset(n, p.out_channels, g * cout_g + c, Ho * Wo) +
-                               oh * Wo + ow)
-                       : 0.f;
-      }
+    // Refills the buffer consumed in the previous iteration (barrier at its
+    // end).
+    if (s + kStages - 1 < last) {
+      stage(s + kStages - 1, s_buf + ((buf + kStages - 1) % kStages) * buf_floats);
     }
-    cp_async_wait<1>();
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
     __syncthreads();
+    const int ow = ow0 + col;
     if (ow < Wo) {
-      const float* sx = s_buf + buf * buf_floats + hc.lead + r0 * sh * pitch + col * sw;
+      const float* sb = s_buf + buf * buf_floats;
+      const float* sx = sb + hc.lead + r0 * sh * pitch + col * sw;
+      const float* sg = sb + x_floats + r0 * sc::kTileCols + col;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (oh0 + r0 + r >= Ho) break;
+        float go[kCo];
+#pragma unroll
+        for (int c = 0; c < kCo; ++c) go[c] = sg[c * kGoFloats + r * sc::kTileCols];
 #pragma unroll
         for (int t = 0; t < kTaps; ++t) {
           const float v = sx[r * sh * pitch + off[t]];
 #pragma unroll
-          for (int c = 0; c < kCo; ++c) acc[c][t] = fmaf(go[r][c], v, acc[c][t]);
+          for (int c = 0; c < kCo; ++c) acc[c][t] = fmaf(go[c], v, acc[c][t]);
         }
       }
     }
@@ -179,7 +187,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 
 template <int KH, int KW, int kCo>
 int launch_narrow(const ConvParams& p, const float* go, const float* x, at::Tensor& grad_w,
-                  at::Tensor& partial_out, bool vec) {
+                  at::Tensor& partial_out, bool vec, bool vec_go) {
   constexpr int kTaps = narrow_taps<KH, KW, kCo>();
   const sc::Halo h = sc::wgrad_halo(p);
   const int segs = static_cast<int>(ceil_div(p.kernel_h * p.kernel_w, kTaps));
@@ -195,7 +203,7 @@ int launch_narrow(const ConvParams& p, const float* go, const float* x, at::Tens
   auto kernel = wgrad_narrow_kernel<KH, KW, kCo>;
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, used), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-      p, go, x, partial.data_ptr<float>(), vec, h.rows, h.pitch, segs, per_slice);
+      p, go, x, partial.data_ptr<float>(), vec, vec_go, h.rows, h.pitch, segs, per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   partial_out = partial;
   return used;
@@ -381,6 +389,7 @@ void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
                                  const at::Tensor& x, at::Tensor& grad_w) {
   TORCH_CHECK(sc::wgrad_fits(p), "conv2d_ext: internal error: small-channel wgrad does not fit");
   const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
+  const bool vec_go = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
   const float* go = grad_out.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   at::Tensor partial;
@@ -391,8 +400,8 @@ void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
     dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
       constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
       slices = p.out_channels_per_group() == 1
-                   ? launch_narrow<KH, KW, 1>(p, go, xp, grad_w, partial, vec)
-                   : launch_narrow<KH, KW, 2>(p, go, xp, grad_w, partial, vec);
+                   ? launch_narrow<KH, KW, 1>(p, go, xp, grad_w, partial, vec, vec_go)
+                   : launch_narrow<KH, KW, 2>(p, go, xp, grad_w, partial, vec, vec_go);
     });
   }
   if (slices > 1) reduce_splits<float>(partial, grad_w, p.weight_numel(), slices);
