@@ -42,9 +42,10 @@ __device__ __forceinline__ void tap_weights(const float* s, float (&wv)[kCo]) {
 // kCo output channels x kRows rows per thread; kCoGroups slots split the
 // channel tile, the others stack rows.
 template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups>
-// Two blocks per SM at least: the copies of one block's tile overlap the
-// other's arithmetic.
-__global__ void __launch_bounds__(sc::kThreads, 2)
+// Several blocks per SM (one output channel per group: three, at most 85
+// registers; more spill) keep more
+// copies in flight.
+__global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
     fprop_small_channels_kernel(const ConvParams p, const float* __restrict__ x,
                                 const float* __restrict__ w, const float* __restrict__ bias,
                                 float* __restrict__ y, WeightOrder order, bool vec,
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
   const int taps = KH * KW;
   // A ring of halo buffers: the next images' copies fly while one computes.
-  constexpr int kStages = sc::kHaloStages;
+  constexpr int kStages = sc::kFpropStages;
   const int buf_floats = cin_g * halo_rows * pitch;
   float* s_buf = reinterpret_cast<float*>(smem4);  // [kStages][ci][halo_rows][pitch]
   float* s_w = s_buf + kStages * buf_floats;        // [ci][kh][kw][kCoTile]
