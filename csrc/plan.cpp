@@ -74,7 +74,7 @@ Algo small_channel_algo(const ConvParams& p, Pass pass, int sm) {
   if (sm < 80 || p.in_channels_per_group() > sc::kMaxChannels) return Algo::kDirect;
   const bool fits = pass == Pass::kFprop   ? sc::fprop_fits(p)
                     : pass == Pass::kDgrad ? sc::dgrad_runs_as_fprop(p) || sc::dgrad_fits(p)
-                                           : sc::wgrad_fits(p);
+                                           : sc::wgrad_fits(p, sm);
   if (!fits) return Algo::kDirect;
   return p.in_channels_per_group() == 1 && sc::narrow(p) ? Algo::kDepthwise
                                                          : Algo::kFewChannels;

@@ -380,8 +380,11 @@ inline int64_t wgrad_smem_bytes(const ConvParams& p) {
   return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch +
               p.in_channels_per_group() * wgrad_halo(p).floats);
 }
-inline bool wgrad_fits(const ConvParams& p) {
-  return p.in_channels_per_group() <= kMaxChannels && wgrad_smem_bytes(p) <= kMaxSmemBytes;
+// Up to the GPU's per-block limit: the narrow ring at stride 2 needs more
+// than the other passes' bound (one block per SM then).
+inline bool wgrad_fits(const ConvParams& p, int sm) {
+  return p.in_channels_per_group() <= kMaxChannels &&
+         wgrad_smem_bytes(p) <= igemm_wgrad::max_block_smem_bytes(sm);
 }
 
 // dgrad runs on the forward kernel where it is a unit-stride forward that

@@ -42,9 +42,8 @@ __device__ __forceinline__ void tap_weights(const float* s, float (&wv)[kCo]) {
 // kCo output channels x kRows rows per thread; kCoGroups slots split the
 // channel tile, the others stack rows.
 template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups>
-// Several blocks per SM (one output channel per group: three, at most 85
-// registers; more spill) keep more
-// copies in flight.
+// Several blocks per SM keep more copies in flight: three with one output
+// channel per group (at most 85 registers; two channels would spill).
 __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
     fprop_small_channels_kernel(const ConvParams p, const float* __restrict__ x,
                                 const float* __restrict__ w, const float* __restrict__ bias,

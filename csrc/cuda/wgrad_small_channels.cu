@@ -387,7 +387,8 @@ int launch_wide(const ConvParams& p, const float* go, const float* x, at::Tensor
 
 void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
                                  const at::Tensor& x, at::Tensor& grad_w) {
-  TORCH_CHECK(sc::wgrad_fits(p), "conv2d_ext: internal error: small-channel wgrad does not fit");
+  TORCH_CHECK(sc::wgrad_fits(p, current_sm()),
+              "conv2d_ext: internal error: small-channel wgrad does not fit");
   const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
   const bool vec_go = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
   const float* go = grad_out.data_ptr<float>();
