@@ -126,9 +126,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
           const int ci = e % 4;
           const int tap = (e / 4) % (KH * KW);
           const int co = co0 + e / (4 * KH * KW);
-          s_w[e] = (co < cout_g && ci < cin_g)
-                       ? w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + tap]
-                       : 0.f;
+          s_w[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, tap / KW, tap % KW);
         }
         cp_async_wait<0>();
         __syncthreads();

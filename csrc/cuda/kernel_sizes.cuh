@@ -27,6 +27,14 @@ namespace cuda {
 template <int V>
 using Int = std::integral_constant<int, V>;
 
+// Calls fn(Int<H>{}, Int<W>{}) and returns when the size matches; the one
+// comparison both dispatchers below expand over their lists.
+#define CONV2D_EXT_TRY_SIZE(H, W)           \
+  if (kernel_h == (H) && kernel_w == (W)) { \
+    fn(Int<H>{}, Int<W>{});                 \
+    return;                                 \
+  }
+
 // Calls fn(Int<KH>{}, Int<KW>{}) with the matching specialisation, or with
 // Int<0>{} twice for the generic kernel. float64 always takes the generic
 // path: it exists for gradcheck, not for speed, and this halves build time.
@@ -34,13 +42,7 @@ template <typename Fn>
 void dispatch_kernel_size(int64_t kernel_h, int64_t kernel_w,
                           bool specialise, Fn&& fn) {
   if (specialise) {
-#define CONV2D_EXT_TRY_SIZE(H, W)             \
-  if (kernel_h == (H) && kernel_w == (W)) { \
-    fn(Int<H>{}, Int<W>{});                 \
-    return;                                 \
-  }
     CONV2D_EXT_FOR_EACH_KERNEL_SIZE(CONV2D_EXT_TRY_SIZE)
-#undef CONV2D_EXT_TRY_SIZE
   }
   fn(Int<0>{}, Int<0>{});
 }
@@ -48,15 +50,11 @@ void dispatch_kernel_size(int64_t kernel_h, int64_t kernel_w,
 // The same over the small-channel list (float32 only).
 template <typename Fn>
 void dispatch_small_channel_kernel_size(int64_t kernel_h, int64_t kernel_w, Fn&& fn) {
-#define CONV2D_EXT_TRY_SIZE(H, W)             \
-  if (kernel_h == (H) && kernel_w == (W)) { \
-    fn(Int<H>{}, Int<W>{});                 \
-    return;                                 \
-  }
   CONV2D_EXT_FOR_EACH_SMALL_CHANNEL_KERNEL_SIZE(CONV2D_EXT_TRY_SIZE)
-#undef CONV2D_EXT_TRY_SIZE
   fn(Int<0>{}, Int<0>{});
 }
+
+#undef CONV2D_EXT_TRY_SIZE
 
 }  // namespace cuda
 }  // namespace conv2d_ext

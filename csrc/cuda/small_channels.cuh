@@ -33,36 +33,38 @@ __device__ __forceinline__ HaloCols halo_cols(int first, bool vec) {
 // outside the image. 16-byte copies when `vec` (W % 4 == 0 and a 16-byte
 // aligned base, so a 4-aligned group of columns lies wholly inside or
 // outside a row); the caller commits and waits.
+template <int kWidth>  // floats per copy: 4 or 1
+__device__ __forceinline__ void stage_halo_by(float* dst, const float* src, int planes, int H,
+                                              int W, int row0, int rows, HaloCols hc, int cols,
+                                              int pitch, int plane_stride) {
+  const int64_t plane = int64_t(H) * W;
+  const int c0 = hc.first - hc.lead;  // 4-aligned for 16-byte copies
+  const int copies = (hc.lead + cols + kWidth - 1) / kWidth;
+  const int per_plane = rows * copies;
+  for (int i = threadIdx.x; i < planes * per_plane; i += kThreads) {
+    const int pl = i / per_plane;
+    const int rem = i - pl * per_plane;
+    const int r = rem / copies;
+    const int k = rem - r * copies;
+    const int ih = row0 + r, iw = c0 + kWidth * k;
+    const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+    const float* g = inside ? src + pl * plane + int64_t(ih) * W + iw : src;
+    float* d = dst + pl * plane_stride + r * pitch + kWidth * k;
+    if constexpr (kWidth == 4) {
+      cp_async_16_or_zero(d, g, inside);
+    } else {
+      cp_async_4(d, g, inside);
+    }
+  }
+}
+
 __device__ __forceinline__ void stage_halo(float* dst, const float* src, int planes, int H,
                                            int W, int row0, int rows, HaloCols hc, int cols,
                                            int pitch, int plane_stride, bool vec) {
-  const int64_t plane = int64_t(H) * W;
   if (vec) {
-    const int c0 = hc.first - hc.lead;  // 4-aligned
-    const int vecs = (hc.lead + cols + 3) / 4;
-    const int per_plane = rows * vecs;
-    for (int i = threadIdx.x; i < planes * per_plane; i += kThreads) {
-      const int pl = i / per_plane;
-      const int rem = i - pl * per_plane;
-      const int r = rem / vecs;
-      const int v = rem - r * vecs;
-      const int ih = row0 + r, iw = c0 + 4 * v;
-      const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
-      const float* g = inside ? src + pl * plane + int64_t(ih) * W + iw : src;
-      cp_async_16_or_zero(dst + pl * plane_stride + r * pitch + 4 * v, g, inside);
-    }
+    stage_halo_by<4>(dst, src, planes, H, W, row0, rows, hc, cols, pitch, plane_stride);
   } else {
-    const int per_plane = rows * cols;
-    for (int i = threadIdx.x; i < planes * per_plane; i += kThreads) {
-      const int pl = i / per_plane;
-      const int rem = i - pl * per_plane;
-      const int r = rem / cols;
-      const int c = rem - r * cols;
-      const int ih = row0 + r, iw = hc.first + c;
-      const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
-      const float* g = inside ? src + pl * plane + int64_t(ih) * W + iw : src;
-      cp_async_4(dst + pl * plane_stride + r * pitch + c, g, inside);
-    }
+    stage_halo_by<1>(dst, src, planes, H, W, row0, rows, hc, cols, pitch, plane_stride);
   }
 }
 

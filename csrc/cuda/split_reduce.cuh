@@ -11,6 +11,32 @@
 namespace conv2d_ext {
 namespace cuda {
 
+// Block-wide sums of each thread's A x B accumulators in a fixed order:
+// a butterfly within each warp, then the warps in index order. Leaves
+// s_red[warp][a * B + b] for sum_warps(); the caller syncs in between.
+template <typename T, int A, int B, int kWarps>
+__device__ __forceinline__ void warp_sums(const T (&acc)[A][B], T (&s_red)[kWarps][A * B]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int a = 0; a < A; ++a) {
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      T v = acc[a][b];
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) s_red[warp][a * B + b] = v;
+    }
+  }
+}
+
+template <typename T, int N, int kWarps>
+__device__ __forceinline__ T sum_warps(const T (&s_red)[kWarps][N], int e) {
+  T sum = T(0);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) sum += s_red[w][e];
+  return sum;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     reduce_splits_kernel(const T* __restrict__ partial, T* __restrict__ out, int64_t numel,

@@ -111,30 +111,13 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // Fixed-order block reduction: butterfly within each warp, then warps in
-  // index order.
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-#pragma unroll
-  for (int c = 0; c < kCoTile; ++c) {
-#pragma unroll
-    for (int j = 0; j < kSeg; ++j) {
-      T v = acc[c][j];
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) {
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-      }
-      if (lane == 0) s_red[warp][c * kSeg + j] = v;
-    }
-  }
+  warp_sums(acc, s_red);
   __syncthreads();
   for (int e = threadIdx.x; e < kCoTile * kSeg; e += kThreads) {
     const int c = e / kSeg;
     const int j = e % kSeg;
     if (c >= co_count || kw0 + j >= KW) continue;
-    T sum = T(0);
-#pragma unroll
-    for (int wi = 0; wi < kWarps; ++wi) sum += s_red[wi][e];
+    const T sum = sum_warps(s_red, e);
     const int64_t co = g * cout_g + co0 + c;
     partial[static_cast<int64_t>(blockIdx.y) * p.weight_numel() +
             ((co * cin_g + ci) * KH + kh) * KW + kw0 + j] = sum;

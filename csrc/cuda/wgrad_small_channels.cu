@@ -34,13 +34,26 @@ using small_channels::HaloCols;
 
 constexpr int kWarps = sc::kThreads / 32;
 
-// Splits `stages` steps of one tile of the weight gradient over slices so
-// that `tiles * slices` blocks fill the GPU `waves` times. Depends only on
-// the shape and the GPU: results are reproducible.
-int pick_slices(int64_t tiles, int64_t stages, int waves) {
+// `stages` steps of each of `tiles` blocks' weight-gradient tiles, split
+// into slices so that tiles * slices blocks fill the GPU `waves` times;
+// each slice sums into its own row of `partial` (grad_w itself when there
+// is one slice). Depends only on the shape and the GPU: results are
+// reproducible.
+struct Split {
+  int per_slice, slices;
+  at::Tensor partial;
+};
+
+Split split_stages(int64_t tiles, int64_t stages, int waves, const at::Tensor& grad_w,
+                   int64_t numel) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t want = ceil_div(int64_t(waves) * sms, tiles);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, stages, kMaxGridYZ})));
+  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>({want, stages, kMaxGridYZ}));
+  Split sp;
+  sp.per_slice = static_cast<int>(ceil_div(stages, slices));
+  sp.slices = static_cast<int>(ceil_div(stages, sp.per_slice));
+  sp.partial = sp.slices == 1 ? grad_w : at::empty({sp.slices, numel}, grad_w.options());
+  return sp;
 }
 
 // ---- narrow -------------------------------------------------------------
@@ -104,9 +117,15 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
   const int x_floats = halo_rows * pitch;
   const int buf_floats = x_floats + kCo * kGoFloats;
+  struct Origin {
+    int n, oh0, ow0;
+  };
+  auto origin = [&](int s) {
+    const int tile = s % tiles;
+    return Origin{s / tiles, (tile / tiles_w) * kTileRows, (tile % tiles_w) * sc::kTileCols};
+  };
   auto stage = [&](int s, float* dst) {
-    const int n = s / tiles, tile = s % tiles;
-    const int oh0 = (tile / tiles_w) * kTileRows, ow0 = (tile % tiles_w) * sc::kTileCols;
+    const auto [n, oh0, ow0] = origin(s);
     small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
                                1, H, W, oh0 * sh - p.pad_h, halo_rows,
                                small_channels::halo_cols(ow0 * sw - p.pad_w, vec), halo_cols,
@@ -126,9 +145,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   }
   int buf = 0;
   for (int s = first; s < last; ++s, buf = (buf + 1) % kStages) {
-    const int n = s / tiles, tile = s % tiles;
-    const int oh0 = (tile / tiles_w) * kTileRows, ow0 = (tile % tiles_w) * sc::kTileCols;
-    (void)n;
+    const auto [n, oh0, ow0] = origin(s);
+    (void)n;  // the staged buffers already hold image n
     const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
     // Refills the buffer consumed in the previous iteration (barrier at its
     // end).
@@ -160,34 +178,20 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     __syncthreads();  // this buffer is consumed before it is refilled
   }
 
-  // Fixed-order block reduction: butterfly within each warp, then the
-  // warps in index order.
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int c = 0; c < kCo; ++c) {
-#pragma unroll
-    for (int t = 0; t < kTaps; ++t) {
-      float v = acc[c][t];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) s_red[warp][c * kTaps + t] = v;
-    }
-  }
+  warp_sums(acc, s_red);
   __syncthreads();
   for (int e = threadIdx.x; e < kCo * kTaps; e += sc::kThreads) {
     const int c = e / kTaps, tap = tap0 + e % kTaps;
     if (c >= cout_g || tap >= taps) continue;
-    float sum = 0.f;
-#pragma unroll
-    for (int wi = 0; wi < kWarps; ++wi) sum += s_red[wi][e];
+    const float sum = sum_warps(s_red, e);
     partial[int64_t(blockIdx.y) * p.weight_numel() +
             (int64_t(g * cout_g + c) * cin_g + ci) * taps + tap] = sum;
   }
 }
 
 template <int KH, int KW, int kCo>
-int launch_narrow(const ConvParams& p, const float* go, const float* x, at::Tensor& grad_w,
-                  at::Tensor& partial_out, bool vec, bool vec_go) {
+Split launch_narrow(const ConvParams& p, const float* go, const float* x,
+                    const at::Tensor& grad_w, bool vec, bool vec_go) {
   constexpr int kTaps = narrow_taps<KH, KW, kCo>();
   const sc::Halo h = sc::wgrad_halo(p);
   const int segs = static_cast<int>(ceil_div(p.kernel_h * p.kernel_w, kTaps));
@@ -195,18 +199,14 @@ int launch_narrow(const ConvParams& p, const float* go, const float* x, at::Tens
   const int64_t stages = p.batch * ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols);
   TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the small-channel wgrad");
-  const int slices = pick_slices(blocks_x, stages, 4);
-  const int per_slice = static_cast<int>(ceil_div(stages, slices));
-  const int used = static_cast<int>(ceil_div(stages, per_slice));
-  at::Tensor partial = used == 1 ? grad_w : at::empty({used, p.weight_numel()}, grad_w.options());
+  Split sp = split_stages(blocks_x, stages, 4, grad_w, p.weight_numel());
   const size_t smem = static_cast<size_t>(sc::wgrad_smem_bytes(p));
   auto kernel = wgrad_narrow_kernel<KH, KW, kCo>;
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<dim3(blocks_x, used), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-      p, go, x, partial.data_ptr<float>(), vec, vec_go, h.rows, h.pitch, segs, per_slice);
+  kernel<<<dim3(blocks_x, sp.slices), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+      p, go, x, sp.partial.data_ptr<float>(), vec, vec_go, h.rows, h.pitch, segs, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  partial_out = partial;
-  return used;
+  return sp;
 }
 
 // ---- wide ---------------------------------------------------------------
@@ -354,8 +354,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   }
 }
 
-int launch_wide(const ConvParams& p, const float* go, const float* x, at::Tensor& grad_w,
-                at::Tensor& partial_out, bool vec) {
+Split launch_wide(const ConvParams& p, const float* go, const float* x,
+                  const at::Tensor& grad_w, bool vec) {
   const sc::Halo h = sc::wgrad_halo(p);
   const int64_t n_total = p.in_channels_per_group() * p.kernel_h * p.kernel_w;
   const int64_t ng_total = ceil_div(n_total, kTileN);
@@ -366,21 +366,17 @@ int launch_wide(const ConvParams& p, const float* go, const float* x, at::Tensor
                          ceil_div(p.out_w, sc::kTileCols);
   TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the small-channel wgrad");
-  const int slices = pick_slices(blocks_x, stages, 2);
-  const int per_slice = static_cast<int>(ceil_div(stages, slices));
-  const int used = static_cast<int>(ceil_div(stages, per_slice));
-  at::Tensor partial = used == 1 ? grad_w : at::empty({used, p.weight_numel()}, grad_w.options());
+  Split sp = split_stages(blocks_x, stages, 2, grad_w, p.weight_numel());
   const int64_t ng_block = ceil_div(ng_total, n_parts);
   const WideShape ws = wide_shape(static_cast<int>(ng_block));
   const int64_t red_bytes = ws.lanes > 1 ? int64_t(sc::kThreads) * 64 * 4 : 0;
   const size_t smem = static_cast<size_t>(std::max(sc::wgrad_smem_bytes(p), red_bytes));
   auto kernel = wgrad_wide_kernel;
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<dim3(blocks_x, used), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-      p, go, x, partial.data_ptr<float>(), vec, h.rows, h.pitch, n_parts, per_slice);
+  kernel<<<dim3(blocks_x, sp.slices), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+      p, go, x, sp.partial.data_ptr<float>(), vec, h.rows, h.pitch, n_parts, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  partial_out = partial;
-  return used;
+  return sp;
 }
 
 }  // namespace
@@ -393,19 +389,18 @@ void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
   const bool vec_go = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
   const float* go = grad_out.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
-  at::Tensor partial;
-  int slices = 1;
+  Split sp;
   if (!sc::narrow(p)) {
-    slices = launch_wide(p, go, xp, grad_w, partial, vec);
+    sp = launch_wide(p, go, xp, grad_w, vec);
   } else {
     dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
       constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-      slices = p.out_channels_per_group() == 1
-                   ? launch_narrow<KH, KW, 1>(p, go, xp, grad_w, partial, vec, vec_go)
-                   : launch_narrow<KH, KW, 2>(p, go, xp, grad_w, partial, vec, vec_go);
+      sp = p.out_channels_per_group() == 1
+               ? launch_narrow<KH, KW, 1>(p, go, xp, grad_w, vec, vec_go)
+               : launch_narrow<KH, KW, 2>(p, go, xp, grad_w, vec, vec_go);
     });
   }
-  if (slices > 1) reduce_splits<float>(partial, grad_w, p.weight_numel(), slices);
+  if (sp.slices > 1) reduce_splits<float>(sp.partial, grad_w, p.weight_numel(), sp.slices);
 }
 
 }  // namespace cuda
