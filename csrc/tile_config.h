@@ -95,14 +95,27 @@ constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: 4 warps x 32 la
 constexpr int64_t kMaxSmemBytes = 200 * 1024;
 constexpr int64_t kTwoBlocksSmemBytes = 112 * 1024;  // per block, for 2 blocks/SM
 
+// The halo arrives by the tensor-copy engine (TMA) as a box of the NCHW
+// input, [chunk channels][halo rows][P + 4 columns], and is rounded into the
+// interleaved layout by the block's threads. TMA needs 16-byte aligned rows
+// (width a multiple of 4) and a box that starts on a 16-byte column (hence
+// up to 3 columns more on the left, and P + 4 columns), steps over dilated
+// rows by at most 8 (its element stride) and spans at most 256 elements per
+// dimension.
+constexpr int kTmaColumnSlack = 4;
+constexpr int kMaxTmaElementStride = 8;
+constexpr int kMaxTmaBox = 256;
+
 struct Layout {
   int log2_pitch;  // P = 1 << log2_pitch; rows = positions / P output rows per block
   int rows, out_cols;  // output rows and columns of a block's tile
   int tiles_w, tiles_h;  // tiles_h counts the dilation phases of the rows
-  int halo_pixels;
+  int halo_rows;  // rows + KH - 1: the TMA box's rows (one dilation phase)
+  int halo_pixels;  // halo_rows * P + (KW-1)*dw: the wrapped tail is zeros
   int ksteps;  // k8 steps per chunk: a chunk is 8 * ksteps input channels
   int chunks, co_tiles;
   int rows_per_stage;  // kernel rows per weight stage: all, or one
+  int64_t staging_bytes;  // one TMA box: 8 * ksteps channels x halo_rows x (P + 4) floats
   int64_t smem_bytes;  // INT64_MAX when nothing fits
 };
 
@@ -115,13 +128,19 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
   const int64_t positions = kPositions;
   const int64_t out_cols = pitch - (p.kernel_w - 1) * p.dilation_w;
   if (out_cols < 1 || pitch > positions || p.stride_h != 1 || p.stride_w != 1) return l;
+  const int64_t halo_rows = positions / pitch + p.kernel_h - 1;
+  if (p.in_w % 4 != 0 || pitch + kTmaColumnSlack > kMaxTmaBox ||
+      p.dilation_h > kMaxTmaElementStride || halo_rows * p.dilation_h > kMaxTmaBox) {
+    return l;
+  }
   l.log2_pitch = log2_pitch;
   l.rows = static_cast<int>(positions / pitch);
   l.out_cols = static_cast<int>(out_cols);
   l.tiles_w = static_cast<int>((p.out_w + out_cols - 1) / out_cols);
   const int64_t rows_span = int64_t(l.rows) * p.dilation_h;
   l.tiles_h = static_cast<int>((p.out_h + rows_span - 1) / rows_span * p.dilation_h);
-  const int64_t halo = positions + (p.kernel_h - 1) * pitch + (p.kernel_w - 1) * p.dilation_w;
+  l.halo_rows = static_cast<int>(halo_rows);
+  const int64_t halo = halo_rows * pitch + (p.kernel_w - 1) * p.dilation_w;
   l.halo_pixels = static_cast<int>(halo);
   const int64_t taps = p.kernel_h * p.kernel_w;
   l.rows_per_stage = taps <= 16 ? static_cast<int>(p.kernel_h) : 1;
@@ -131,14 +150,19 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
   const int64_t cin_steps = (p.in_channels_per_group() + 7) / 8;
   l.ksteps = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>({(8 + stage_taps - 1) / stage_taps, 4, cin_steps})));
+  // One TMA box; two interleaved halos and two weight stages.
+  auto staging = [&](int ksteps) {
+    return 8 * ksteps * halo_rows * (pitch + kTmaColumnSlack) * 4;
+  };
   auto smem = [&](int ksteps) {
     const int64_t halo_bytes = 2 * ksteps * halo * 16;
     const int64_t weight_bytes = stage_taps * ksteps * kStepFloats * 4;
-    return 2 * (halo_bytes + weight_bytes);
+    return staging(ksteps) + 2 * (halo_bytes + weight_bytes);
   };
   while (l.ksteps > 1 && smem(l.ksteps) > kTwoBlocksSmemBytes) --l.ksteps;
   l.chunks = static_cast<int>((p.in_channels_per_group() + 8 * l.ksteps - 1) / (8 * l.ksteps));
   l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
+  l.staging_bytes = staging(l.ksteps);
   l.smem_bytes = smem(l.ksteps);
   if (l.smem_bytes > kMaxSmemBytes) l.smem_bytes = INT64_MAX;
   return l;

@@ -1,4 +1,5 @@
 """Forward and both gradients against float64 F.conv2d on varied shapes."""
+import math
 import random
 
 import pytest
@@ -48,7 +49,7 @@ TENSOR_CORE = [
     (1, 8, 11, 300, 64, (5, 9), 1, (2, 4), (2, 3), 1, True),
     (1, 16, 7, 520, 16, (3, 3), 1, 1, 1, 1, False),
     (2, 8, 13, 200, 8, (2, 11), 1, (1, 5), (3, 2), 1, True),
-    (1, 40, 5, 270, 72, (1, 1), 1, 0, 1, 1, True),
+    (1, 40, 5, 268, 72, (1, 1), 1, 0, 1, 1, True),
     # dgrad runs on the forward kernels at unit stride when the padding is
     # at most dilation*(K-1); here the rows' padding is larger (direct
     # dgrad) and the columns' is asymmetric in the forward dgrad becomes.
@@ -153,6 +154,18 @@ def _pair(v):
     return v if isinstance(v, tuple) else (v, v)
 
 
+def _out_width(case):
+    _, _, _, w, _, k, stride, padding, dilation, _, _ = case
+    return (w + 2 * _pair(padding)[1] - _pair(dilation)[1] * (k[1] - 1) - 1) // _pair(stride)[1] + 1
+
+
+def _flat_takes(width, dilation_h):
+    """The flat kernel's tensor copies need rows of a multiple of 16 bytes
+    and dilated rows at most 8 apart; other shapes take the other wgmma
+    kernel."""
+    return width % 4 == 0 and dilation_h <= 8
+
+
 def _dgrad_is_fprop(case):
     """dgrad runs as a forward pass: unit stride, padding <= dilation*(K-1)."""
     _, _, _, _, _, k, stride, padding, dilation, _, _ = case
@@ -177,19 +190,53 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         wt = torch.empty(cout, cin // groups, *k, device="cuda")
         geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
         unit_stride = _pair(stride) == (1, 1)
-        if not hopper:
-            expected = "implicit_gemm"
-        else:
-            flat = unit_stride and precision == "tf32"  # the flat kernel is TF32 only
-            expected = "implicit_gemm_sm90_flat" if flat else "implicit_gemm_sm90"
+        dh = _pair(dilation)[0]
+
+        def expect(width):
+            if not hopper:
+                return "implicit_gemm"
+            # The flat kernel is TF32 only.
+            flat = unit_stride and precision == "tf32" and _flat_takes(width, dh)
+            return "implicit_gemm_sm90_flat" if flat else "implicit_gemm_sm90"
+
+        expected = expect(w)
         algo = torch.ops.conv2d_ext._algorithm("forward", x, wt, *geometry)
         assert algo == expected, f"{case} forward: {algo}, expected {expected}"
         algo = torch.ops.conv2d_ext._algorithm("backward_input", x, wt, *geometry)
-        expected = expected if _dgrad_is_fprop(case) else "direct"
+        # dgrad's forward reads grad_output, as wide as the layer's output.
+        expected = expect(_out_width(case)) if _dgrad_is_fprop(case) else "direct"
         assert algo == expected, f"{case} backward_input: {algo}, expected {expected}"
         # wgrad: mma.sync on every GPU, Hopper included.
         algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
         assert algo == "implicit_gemm", f"{case} backward_weight: {algo}"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_views_off_16_byte_boundary(precision):
+    """The flat kernel copies its halo with the tensor-copy engine, which
+    needs a 16-byte aligned base: an input and a grad_output that start one
+    element into their storage (contiguous views) must come out right in
+    the forward and in dgrad."""
+    n, cin, h, w, cout, k = 2, 8, 9, 64, 16, (3, 3)
+
+    def offset_view(*shape):
+        numel = math.prod(shape)
+        return torch.randn(numel + 1, device="cuda")[1:].view(*shape)
+
+    x = offset_view(n, cin, h, w).requires_grad_()
+    assert x.data_ptr() % 16 != 0
+    wt = torch.randn(cout, cin, *k, device="cuda", requires_grad=True)
+    y = conv2d_ext.conv2d(x, wt, None, 1, 1, 1, 1)  # 64 columns in and out
+    gy = offset_view(*y.shape)
+    (gx,) = torch.autograd.grad(y, [x], gy)
+    y_ref, gx_ref, _ = reference(x, wt, None, 1, 1, 1, 1, grad_out=gy)
+    mags = reference(x, wt, None, 1, 1, 1, 1, grad_out=gy, absolute=True)
+    k_fprop, k_dgrad, _ = reduction_lengths(x, wt, y)
+    for name, out, ref, mag, length in (("forward", y, y_ref, mags[0], k_fprop),
+                                        ("grad_input", gx, gx_ref, mags[1], k_dgrad)):
+        err = rel_err(out, ref, mag, length)
+        tol = tolerance(torch.float32, precision, length)
+        assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g} ({precision})"
 
 
 def test_algorithm_query_rejects_unknown_pass():

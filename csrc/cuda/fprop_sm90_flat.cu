@@ -22,12 +22,17 @@
 // block are one phase of the dilation (oh0 + dh*r), so the halo needs
 // rows + KH - 1 consecutive rows of that phase. Unit stride only.
 //
-// The halo arrives by 4-byte cp.async into the interleaved layout; each
-// thread then rounds to TF32 the elements it copied, under the last wgmmas
-// of the previous chunk. Weights come per stage (kernel rows of a chunk) in A-fragment
-// order, one 16-byte shared load per thread and k8 step.
+// The halo of a chunk arrives by the tensor-copy engine as a box of the
+// NCHW input ([channels][halo rows][P columns], zeros outside the image;
+// dilated rows by the copy's element stride), two chunks ahead; the block's
+// threads then round it to TF32 into the interleaved layout, under the last
+// wgmmas of the previous chunk. The weights of a stage (kernel rows of a
+// chunk, in A-fragment order) arrive by one bulk copy, two stages ahead.
+// Copies complete on mbarriers, so the copies cost the block one thread's
+// few instructions instead of a 4-byte cp.async per element.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <cuda.h>
 
 #include "../tile_config.h"
 #include "common.cuh"
@@ -42,9 +47,9 @@ namespace {
 namespace cfg = igemm_fprop_flat;
 
 // Weights [Cout][Cin/g][KH][KW] -> [group][co tile][chunk][kh][kw][k8 step]
-// [warp (4)][lane (32)][4]: the lane's wgmma A fragment (rows warp*16 +
-// lane/4 (+8), columns lane%4 (+4)), zero outside the real channels, rounded
-// to TF32.
+// [k half (2)][co (64)][4 channels]: wgmma's K-major A operand without
+// swizzle (8-row x 16-byte core matrices; k halves 1 KB apart, 8-row groups
+// 128 bytes), zero outside the real channels, rounded to TF32.
 __global__ void __launch_bounds__(kThreads)
     rearrange_flat_weights_kernel(const ConvParams p, const float* __restrict__ w,
                                   float* __restrict__ out, int chunks, int ksteps,
@@ -53,9 +58,8 @@ __global__ void __launch_bounds__(kThreads)
        e += int64_t(gridDim.x) * kThreads) {
     const WeightTileIndex t = decode_weight_tile_index(e, cfg::kStepFloats, ksteps, p.kernel_h,
                                                        p.kernel_w, chunks, co_tiles);
-    const int element = t.within & 3, lane = (t.within >> 2) & 31, warp = t.within >> 7;
-    const int m = warp * 16 + (lane >> 2) + 8 * (element & 1);
-    const int k = (lane & 3) + 4 * (element >> 1);
+    const int m = (t.within >> 2) & (cfg::kCo - 1);
+    const int k = 4 * (t.within >> 8) + (t.within & 3);
     const float v = weight_or_zero(p, w, order, t.g, t.co_tile * cfg::kCo + m,
                                    (t.chunk * ksteps + t.kstep) * 8 + k, t.kh, t.kw);
     out[e] = __uint_as_float(tf32_round(v));
@@ -64,30 +68,37 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int KH_T, int KW_T>
 __global__ void __launch_bounds__(cfg::kThreads, 2)
-    fprop_flat_kernel(const ConvParams p, const float* __restrict__ x,
+    fprop_flat_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
                       float* __restrict__ y, const cfg::Layout L) {
-  extern __shared__ __align__(16) float smem[];
+  extern __shared__ __align__(128) float smem[];
+  // Copy completion: the TMA box of the halo, each weight stage buffer.
+  __shared__ uint64_t halo_full, weights_full[2];
   const int KH = static_or<KH_T>(p.kernel_h);
   const int KW = static_or<KW_T>(p.kernel_w);
-  const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
-  const int HW = H * W;
+  const int Ho = p.out_h, Wo = p.out_w;
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
   const int dh = p.dilation_h, dw = p.dilation_w;
   const int log2_pitch = L.log2_pitch, pitch = 1 << log2_pitch;
   const int hp = L.halo_pixels;
+  const int box_pixels = L.halo_rows << log2_pitch;  // halo pixels from a TMA box
+  // A box starts on a 16-byte column (TMA requires it): `shift` columns
+  // left of the halo's first, in rows of P + 4.
+  const int box_cols = pitch + cfg::kTmaColumnSlack;
 
-  // Shared memory, in floats: two halo buffers (planes of hp pixels x 4
-  // channels), then two weight stages.
+  // Shared memory, in floats: one TMA box, two weight stages, two
+  // interleaved halos (planes of hp pixels x 4 channels).
   const int planes = 2 * L.ksteps;
   const int plane_floats = 4 * hp;
   const int halo_floats = planes * plane_floats;
+  const int staging_floats = static_cast<int>(L.staging_bytes / 4);
   const int step_floats = cfg::kStepFloats;
   const int stage_steps = L.rows_per_stage * KW * L.ksteps;
   const int stage_floats = stage_steps * step_floats;
-  auto halo_at = [&](int buf) { return buf * halo_floats; };
-  auto weights_at = [&](int buf) { return 2 * halo_floats + buf * stage_floats; };
+  float* const box = smem;
+  auto weights_at = [&](int buf) { return staging_floats + buf * stage_floats; };
+  auto halo_at = [&](int buf) { return staging_floats + 2 * stage_floats + buf * halo_floats; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grp = lane >> 2, tig = lane & 3;
@@ -95,12 +106,31 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   const int ow0 = (blockIdx.x - tile_h * L.tiles_w) * L.out_cols;
   const int oh0 = (tile_h / dh) * L.rows * dh + tile_h % dh;  // rows oh0 + dh*r
   const int ih0 = oh0 - p.pad_h, iw0 = ow0 - p.pad_w;
+  const int box_iw0 = iw0 & ~3, shift = iw0 - box_iw0;  // floor to a multiple of 4
 
   const int stages_per_chunk = KH / L.rows_per_stage;
   const int stages = L.chunks * stages_per_chunk;
-  // Lanes of a warp write 16-byte rows; starting each group of 8 lanes on
-  // a different channel puts their 4-byte copies in 32 different banks.
-  const int ch_rot = lane >> 3;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&halo_full, 1);
+    mbarrier_init(&weights_full[0], 1);
+    mbarrier_init(&weights_full[1], 1);
+    fence_mbarrier_init();
+  }
+  // The halo's wrapped tail (past the box's rows) feeds only dropped
+  // columns; zeros keep them finite.
+  for (int plane = 0; plane < 2 * planes; ++plane) {
+    float4* tail = reinterpret_cast<float4*>(smem + halo_at(0)) + plane * hp;
+    for (int i = box_pixels + threadIdx.x; i < hp; i += cfg::kThreads) {
+      tail[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  __syncthreads();
+
+  // Stages and chunks started so far: weight stage k is in buffer k & 1,
+  // whose barrier phase then has parity (k >> 1) & 1; the box of chunk k
+  // completes the box barrier's phase of parity k & 1.
+  uint32_t stage_count = 0, chunk_count = 0;
 
   for (int gy = blockIdx.y; gy < p.groups * L.co_tiles; gy += gridDim.y) {
     const int g = gy / L.co_tiles;
@@ -108,162 +138,110 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
     const float* w_tile = w_frag + int64_t(gy) * stages * stage_floats;
 
     for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
-      const float* x_img = x + (int64_t(n) * p.in_channels + int64_t(g) * cin_g) * HW;
-      auto load_halo = [&](int chunk, int buf) {
+      // Copies, started by thread 0 once their buffers are free.
+      auto start_halo = [&](int chunk) {
+        mbarrier_arrive_expect_tx(&halo_full, static_cast<uint32_t>(L.staging_bytes));
+        tma_load_4d(box, &x_map, box_iw0, ih0, g * cin_g + chunk * 8 * L.ksteps, n, &halo_full);
+      };
+      auto start_weights = [&](int stage) {
+        const int buf = (stage_count + stage) & 1;
+        const uint32_t bytes = 4 * stage_floats;
+        mbarrier_arrive_expect_tx(&weights_full[buf], bytes);
+        bulk_copy_to_smem(smem + weights_at(buf), w_tile + int64_t(stage) * stage_floats, bytes,
+                          &weights_full[buf]);
+      };
+      // Rounds a chunk's box to TF32 into its interleaved halo: one pixel's
+      // 4 channels per thread and step (conflict-free 4-byte loads across
+      // the warp, one 16-byte store). Channels past the group's, which the
+      // box may read from the next group, become zeros.
+      auto convert_halo = [&](int chunk) {
+        const uint32_t k = chunk_count + chunk;
+        mbarrier_wait(&halo_full, k & 1);
+        float4* dst = reinterpret_cast<float4*>(smem + halo_at(k & 1));
         const int c0 = chunk * 8 * L.ksteps;
 #pragma unroll 1
         for (int plane = 0; plane < planes; ++plane) {
-          // The plane's 4 channel pointers, in this lane's rotated order.
-          const float* src[4];
-          bool ch_ok[4];
+          bool ok[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int c = c0 + plane * 4 + ((e + ch_rot) & 3);
-            ch_ok[e] = c < cin_g;
-            src[e] = x_img + int64_t(ch_ok[e] ? c : 0) * HW;
-          }
-          float* dst = smem + halo_at(buf) + plane * plane_floats;
-#pragma unroll 1
-          for (int i = threadIdx.x; i < hp; i += cfg::kThreads) {
-            const int ih = ih0 + dh * (i >> log2_pitch), iw = iw0 + (i & (pitch - 1));
-            const bool in = unsigned(ih) < unsigned(H) && unsigned(iw) < unsigned(W);
-            const int at = in ? ih * W + iw : 0;
+          for (int e = 0; e < 4; ++e) ok[e] = c0 + plane * 4 + e < cin_g;
+          const int channel_floats = L.halo_rows * box_cols;
+          const float* src = box + plane * 4 * channel_floats + shift;
+#pragma unroll 2
+          for (int i = threadIdx.x; i < box_pixels; i += cfg::kThreads) {
+            const int at = (i >> log2_pitch) * box_cols + (i & (pitch - 1));
+            float v[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              cp_async_4(dst + 4 * i + ((e + ch_rot) & 3), src[e] + at, in && ch_ok[e]);
+              v[e] = ok[e] ? __uint_as_float(tf32_round(src[e * channel_floats + at])) : 0.f;
             }
+            dst[plane * hp + i] = make_float4(v[0], v[1], v[2], v[3]);
           }
         }
       };
-      // Rounds the elements this thread copied (visible to it after its
-      // cp.async wait); a later barrier publishes them.
-      auto convert_halo = [&](int buf) {
-        float* dst = smem + halo_at(buf);
-#pragma unroll 1
-        for (int plane = 0; plane < planes; ++plane)
-#pragma unroll 1
-        for (int i = threadIdx.x; i < hp; i += cfg::kThreads) {
-          const int idx = plane * hp + i;  // as load_halo visits them
-          float4* v = reinterpret_cast<float4*>(dst) + idx;
-          const float4 t = *v;
-          *v = make_float4(__uint_as_float(tf32_round(t.x)), __uint_as_float(tf32_round(t.y)),
-                           __uint_as_float(tf32_round(t.z)), __uint_as_float(tf32_round(t.w)));
-        }
-      };
-      auto load_weights = [&](int stage, int buf) {
-        const float* src = w_tile + int64_t(stage) * stage_floats;
-        float* dst = smem + weights_at(buf);
-        for (int i = threadIdx.x; i < stage_floats / 4; i += cfg::kThreads) {
-          cp_async_16(dst + 4 * i, src + 4 * i);
-        }
-      };
 
-      float acc[2][16][4];
-      zero_fragments(acc);
+      float acc[32][4];  // n8 fragments of the 256 positions
+#pragma unroll
+      for (int j = 0; j < 32; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
       __syncthreads();  // buffers free (previous image or channel tile)
-      load_halo(0, 0);
-      load_weights(0, 0);
-      cp_async_commit();
+      if (threadIdx.x == 0) {
+        start_halo(0);
+        start_weights(0);
+        if (stages > 1) start_weights(1);
+      }
+      convert_halo(0);
+      fence_proxy_async_smem();  // wgmma reads what the threads stored
+      __syncthreads();
+      // The box is free again: the next chunk's copy has a chunk's time.
+      if (threadIdx.x == 0 && L.chunks > 1) start_halo(1);
+
       for (int s = 0; s < stages; ++s) {
         const int chunk = s / stages_per_chunk;
         const int within = s - chunk * stages_per_chunk;
-        const bool next_halo = within == 0 && chunk + 1 < L.chunks;
-        // Copy groups are committed as [weights s+1][halo chunk+1] in a
-        // chunk's first stage: its second stage waits for its weights only.
-        if (within == 1 && chunk + 1 < L.chunks) {
-          cp_async_wait<1>();
-        } else {
-          cp_async_wait<0>();
-        }
-        if (s == 0) convert_halo(0);
-        fence_proxy_async_smem();  // both operands are read by wgmma
-        __syncthreads();
-        // Stage s-1 is done everywhere: its weight buffer, and at a chunk's
-        // first stage the previous chunk's halo buffer, can be refilled.
-        if (s + 1 < stages) {
-          load_weights(s + 1, (s + 1) & 1);
-          cp_async_commit();
-        }
-        if (next_halo) {
-          load_halo(chunk + 1, (chunk + 1) & 1);
-          cp_async_commit();
-        }
-
-        // The next chunk's halo, copied since this chunk's first stage, is
-        // rounded while the last wgmmas of the chunk run.
+        const uint32_t ws = stage_count + s;
+        mbarrier_wait(&weights_full[ws & 1], (ws >> 1) & 1);
         const bool last_of_chunk = within == stages_per_chunk - 1 && chunk + 1 < L.chunks;
-        auto prepare_next_chunk = [&]() {
-          if (last_of_chunk) {
-            cp_async_wait<0>();
-            convert_halo((chunk + 1) & 1);
-          }
-        };
-        const uint32_t halo_addr = smem_addr(smem + halo_at(chunk & 1));
+
+        const uint32_t halo_addr = smem_addr(smem + halo_at((chunk_count + chunk) & 1));
         const uint32_t plane_bytes = 4 * plane_floats;
-        const float* w_stage = smem + weights_at(s & 1) + 4 * threadIdx.x;
+        const uint32_t w_addr = smem_addr(smem + weights_at(ws & 1));
         // Step order: taps in (kernel row, kernel column) order, k8 steps
         // within a tap. `off` is the tap's first halo pixel.
         int off = within * L.rows_per_stage * pitch;
         int kw = 0, k = 0;
-        auto desc_of = [&]() {
-          return wgmma_desc(halo_addr + 16 * off + 2 * k * plane_bytes, plane_bytes, 128);
-        };
-        auto advance = [&]() {
-          if (++k < L.ksteps) return;
-          k = 0;
-          if (++kw == KW) {
-            kw = 0;
-            off += pitch - (KW - 1) * dw;
-          } else {
-            off += dw;
-          }
-        };
-        auto load_a = [&](int t) {
-          return *reinterpret_cast<const float4*>(w_stage + t * step_floats);
-        };
-        // The second half's 128 positions start 2 KB further.
-        constexpr uint64_t kHalfDesc = (cfg::kHalf * 16) >> 4;
-
-        {
-          // A registers stay untouched until the wgmma group reading them
-          // completes, hence two sets and wait_group 1 before a refill.
-          auto to_a = [](const float4& v, uint32_t (&a)[4]) {
-            a[0] = __float_as_uint(v.x);
-            a[1] = __float_as_uint(v.y);
-            a[2] = __float_as_uint(v.z);
-            a[3] = __float_as_uint(v.w);
-          };
-          auto issue = [&](const uint32_t (&a)[4]) {
-            const uint64_t desc = desc_of();
-            advance();
-            wgmma_fence();
-            wgmma_m64n128k8_tf32(acc[0], a, desc, true);
-            wgmma_m64n128k8_tf32(acc[1], a, desc + kHalfDesc, true);
-            wgmma_commit();
-          };
-          uint32_t a0[4], a1[4];
-          to_a(load_a(0), a0);
+        wgmma_fence();
 #pragma unroll 1
-          for (int t = 0; t < stage_steps; t += 2) {
-            issue(a0);
-            if (t + 1 < stage_steps) {
-              wgmma_wait<1>();  // step t-1, the last reader of a1, is done
-              to_a(load_a(t + 1), a1);
-              issue(a1);
-              if (t + 2 < stage_steps) {
-                wgmma_wait<1>();  // step t is done with a0
-                to_a(load_a(t + 2), a0);
-              }
+        for (int t = 0; t < stage_steps; ++t) {
+          const uint64_t desc_a = wgmma_desc(w_addr + t * (4 * step_floats), 1024, 128);
+          const uint64_t desc_b =
+              wgmma_desc(halo_addr + 16 * off + 2 * k * plane_bytes, plane_bytes, 128);
+          wgmma_m64n256k8_tf32_ss(acc, desc_a, desc_b, true);
+          if (++k == L.ksteps) {
+            k = 0;
+            if (++kw == KW) {
+              kw = 0;
+              off += pitch - (KW - 1) * dw;
+            } else {
+              off += dw;
             }
           }
-          prepare_next_chunk();
-          // The next stage refills these buffers; the epilogue reads acc.
-          wgmma_wait<0>();
-          wgmma_fence_operands(acc[0]);
-          wgmma_fence_operands(acc[1]);
+        }
+        wgmma_commit();
+        // The next chunk's box is rounded while the stage's wgmmas run.
+        if (last_of_chunk) convert_halo(chunk + 1);
+        wgmma_wait<0>();
+        wgmma_fence_operands(acc);
+        fence_proxy_async_smem();  // the next chunk's halo, for wgmma
+        __syncthreads();
+        // Stage s is done everywhere: its weight buffer, and after a
+        // chunk's last stage the box just rounded, can be refilled.
+        if (threadIdx.x == 0) {
+          if (s + 2 < stages) start_weights(s + 2);
+          if (last_of_chunk && chunk + 2 < L.chunks) start_halo(chunk + 2);
         }
       }
+      stage_count += stages;
+      chunk_count += L.chunks;
 
       // Epilogue: row m of the tile is output channel co0 + m (this lane
       // holds rows m and m + 8); column o is position (o / P, o % P) of the
@@ -294,7 +272,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
           const int oh = oh0 + dh * (o >> log2_pitch), ow = ow0 + c;
           if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
           float* dst = y_lo + oh * Wo + ow;
-          const float* v = acc[h][j];
+          const float* v = acc[h * 16 + j];
           if (c + 1 < L.out_cols && ow + 1 < Wo && ((parity + oh * Wo + ow) & 1) == 0) {
             if (lo_ok) *reinterpret_cast<float2*>(dst) = make_float2(v[0] + bias_lo, v[1] + bias_lo);
             if (hi_ok) {
@@ -313,13 +291,64 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   }
 }
 
+// The driver's tensor-map encoder, looked up through the runtime so that the
+// extension needs no link to the driver library.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                   CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                    cudaEnableDefault, &found));
+#else
+    C10_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault,
+                                           &found));
+#endif
+    TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
+                "conv2d_ext: the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// The input as a 4-D tensor map (W innermost), read in boxes of one chunk's
+// channels x the halo's rows (every dilation_h-th) x P + 4 columns.
+CUtensorMap input_map(const ConvParams& p, const at::Tensor& x, const cfg::Layout& L) {
+  const cuuint64_t dims[4] = {cuuint64_t(p.in_w), cuuint64_t(p.in_h),
+                              cuuint64_t(p.in_channels), cuuint64_t(p.batch)};
+  const cuuint64_t row = cuuint64_t(p.in_w) * 4;
+  const cuuint64_t strides[3] = {row, row * p.in_h, row * p.in_h * p.in_channels};
+  const cuuint32_t box[4] = {(cuuint32_t(1) << L.log2_pitch) + cfg::kTmaColumnSlack,
+                             cuuint32_t(L.halo_rows * p.dilation_h), cuuint32_t(8 * L.ksteps), 1};
+  const cuuint32_t element_strides[4] = {1, cuuint32_t(p.dilation_h), 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode_tiled()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, x.data_ptr(), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "conv2d_ext: internal error: cuTensorMapEncodeTiled failed (",
+              int(r), ") for input ", x.sizes());
+  return map;
+}
+
 }  // namespace
 
-void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const at::Tensor& w,
                             const float* bias, at::Tensor& y, WeightOrder order) {
   const cfg::Layout L = cfg::choose_layout(p);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "sm_90 flat kernel for a problem it does not fit");
+  // TMA reads from a 16-byte aligned base (rows are, by the plan); a view
+  // starting elsewhere is copied once.
+  const at::Tensor x =
+      reinterpret_cast<uintptr_t>(x_in.data_ptr()) % 16 == 0 ? x_in : x_in.clone();
+  const CUtensorMap x_map = input_map(p, x, L);
   auto stream = at::cuda::getCurrentCUDAStream();
 
   const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * p.kernel_h * p.kernel_w *
@@ -339,7 +368,7 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::
     auto kernel = fprop_flat_kernel<KH, KW>;
     ensure_dynamic_smem(kernel, L.smem_bytes);
     kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
-        p, x.data_ptr<float>(), w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
+        x_map, p, w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
