@@ -162,6 +162,9 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
   while (l.ksteps > 1 && smem(l.ksteps) > kTwoBlocksSmemBytes) --l.ksteps;
   l.chunks = static_cast<int>((p.in_channels_per_group() + 8 * l.ksteps - 1) / (8 * l.ksteps));
   l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
+  // Persistent blocks number work items in 32 bits.
+  const int64_t items = int64_t(l.tiles_w) * l.tiles_h * p.groups * l.co_tiles * p.batch;
+  if (items >= (int64_t(1) << 31)) return l;
   l.staging_bytes = staging(l.ksteps);
   l.smem_bytes = smem(l.ksteps);
   if (l.smem_bytes > kMaxSmemBytes) l.smem_bytes = INT64_MAX;

@@ -1,12 +1,10 @@
 // Forward pass (fprop) on Hopper's wgmma with pixels as the N dimension.
 //
-// GEMM view per group and block: M = 64 output channels, N = 256 output
-// positions, K = Cin/groups*KH*KW. With Cout = 64, putting pixels in M (the
-// other sm_90 kernel) caps a wgmma at n64, so every m64n64k8 reads as many
-// operand bytes from shared memory as it does math; here a k8 step is one
-// m64n128k8 per half of the 256 positions, B (pixels) read straight from
-// shared memory and A (the weights of one tap, 4 registers per thread)
-// reused by both halves: half the shared-memory bytes per MMA.
+// GEMM view per group and work item: M = 64 output channels, N = 256
+// output positions, K = Cin/groups*KH*KW. With Cout = 64, putting pixels in
+// M (the other sm_90 kernel) caps a wgmma at n64, so every m64n64k8 reads as
+// many operand bytes from shared memory as it does math; here a k8 step is
+// one m64n256k8, both operands from shared memory.
 //
 // TF32 mode only: 3xTF32 on this layout (big and small halo copies, two
 // warpgroups for the per-step temporaries) measured slower than the other
@@ -19,17 +17,22 @@
 // positions of every tap are consecutive 16-byte rows, a tap just moves the
 // descriptor's start. Positions in the last (KW-1)*dw columns of each pitch
 // wrap into the next halo row; they are computed and not stored. Rows of a
-// block are one phase of the dilation (oh0 + dh*r), so the halo needs
+// tile are one phase of the dilation (oh0 + dh*r), so the halo needs
 // rows + KH - 1 consecutive rows of that phase. Unit stride only.
 //
-// The halo of a chunk arrives by the tensor-copy engine as a box of the
-// NCHW input ([channels][halo rows][P columns], zeros outside the image;
-// dilated rows by the copy's element stride), two chunks ahead; the block's
-// threads then round it to TF32 into the interleaved layout, under the last
-// wgmmas of the previous chunk. The weights of a stage (kernel rows of a
-// chunk, in A-fragment order) arrive by one bulk copy, two stages ahead.
-// Copies complete on mbarriers, so the copies cost the block one thread's
-// few instructions instead of a 4-byte cp.async per element.
+// Persistent blocks: each walks work items (output tile, channel tile,
+// image) and their stages as one stream, so that the copies for the next
+// item start under the current item's last wgmmas and a block pays the
+// copy latency once, not per tile. Per stream position:
+// - the halo of a chunk arrives by the tensor-copy engine as a box of the
+//   NCHW input ([channels][halo rows][P + 4 columns], zeros outside the
+//   image; dilated rows by the copy's element stride) one chunk ahead; the
+//   block's threads round it to TF32 into the interleaved layout under the
+//   wgmmas of the previous chunk's last stage;
+// - the weights of a stage (kernel rows of a chunk) arrive by one bulk copy,
+//   two stages ahead;
+// - copies complete on mbarriers; a stage's wgmmas are issued back to back
+//   and retired before its buffers are handed back.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda.h>
@@ -83,7 +86,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
   const int log2_pitch = L.log2_pitch, pitch = 1 << log2_pitch;
   const int hp = L.halo_pixels;
   const int box_pixels = L.halo_rows << log2_pitch;  // halo pixels from a TMA box
-  // A box starts on a 16-byte column (TMA requires it): `shift` columns
+  // A box starts on a 16-byte column (TMA requires it), up to 3 columns
   // left of the halo's first, in rows of P + 4.
   const int box_cols = pitch + cfg::kTmaColumnSlack;
 
@@ -102,14 +105,38 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grp = lane >> 2, tig = lane & 3;
-  const int tile_h = blockIdx.x / L.tiles_w;
-  const int ow0 = (blockIdx.x - tile_h * L.tiles_w) * L.out_cols;
-  const int oh0 = (tile_h / dh) * L.rows * dh + tile_h % dh;  // rows oh0 + dh*r
-  const int ih0 = oh0 - p.pad_h, iw0 = ow0 - p.pad_w;
-  const int box_iw0 = iw0 & ~3, shift = iw0 - box_iw0;  // floor to a multiple of 4
-
   const int stages_per_chunk = KH / L.rows_per_stage;
   const int stages = L.chunks * stages_per_chunk;
+
+  // Work items, channel tile fastest (the tiles of one halo run side by
+  // side and share it in L2), then output tile, then image; fewer than
+  // 2^31 (the plan checks). This block takes items blockIdx.x, +
+  // gridDim.x, ...; `local` counts them. Decoded once per item: thread 0
+  // starts copies between a stage's barrier and the next stage's wgmmas,
+  // which wait for its warp.
+  const unsigned channel_tiles = p.groups * L.co_tiles;
+  const unsigned tiles = L.tiles_w * L.tiles_h;
+  const unsigned items = channel_tiles * tiles * p.batch;
+  struct Item {
+    bool valid;
+    int gy, n, oh0, ow0, ih0, iw0;
+  };
+  auto item_of = [&](int local) {
+    Item it;
+    const unsigned i = blockIdx.x + unsigned(local) * gridDim.x;
+    it.valid = i < items;
+    const unsigned rest = i / channel_tiles;
+    it.gy = static_cast<int>(i - rest * channel_tiles);
+    const unsigned n = rest / tiles;
+    const int tile = static_cast<int>(rest - n * tiles);
+    it.n = static_cast<int>(n);
+    const int tile_h = tile / L.tiles_w;
+    it.ow0 = (tile - tile_h * L.tiles_w) * L.out_cols;
+    it.oh0 = (tile_h / dh) * L.rows * dh + tile_h % dh;  // rows oh0 + dh*r
+    it.ih0 = it.oh0 - p.pad_h;
+    it.iw0 = it.ow0 - p.pad_w;
+    return it;
+  };
 
   if (threadIdx.x == 0) {
     mbarrier_init(&halo_full, 1);
@@ -126,167 +153,204 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
     }
   }
   __syncthreads();
+  Item it = item_of(0), next = item_of(1), after = item_of(2);
+  if (!it.valid) return;
+  // The item `ahead` items on (0, 1 or 2: stages two ahead when an item
+  // has one stage).
+  auto item_ahead = [&](int ahead) {
+    Item r = it;  // by value: selects, not an address into a stack frame
+    if (ahead == 1) r = next;
+    if (ahead == 2) r = after;
+    return r;
+  };
 
-  // Stages and chunks started so far: weight stage k is in buffer k & 1,
-  // whose barrier phase then has parity (k >> 1) & 1; the box of chunk k
-  // completes the box barrier's phase of parity k & 1.
-  uint32_t stage_count = 0, chunk_count = 0;
-
-  for (int gy = blockIdx.y; gy < p.groups * L.co_tiles; gy += gridDim.y) {
-    const int g = gy / L.co_tiles;
-    const int co0 = (gy % L.co_tiles) * cfg::kCo;
-    const float* w_tile = w_frag + int64_t(gy) * stages * stage_floats;
-
-    for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
-      // Copies, started by thread 0 once their buffers are free.
-      auto start_halo = [&](int chunk) {
-        mbarrier_arrive_expect_tx(&halo_full, static_cast<uint32_t>(L.staging_bytes));
-        tma_load_4d(box, &x_map, box_iw0, ih0, g * cin_g + chunk * 8 * L.ksteps, n, &halo_full);
-      };
-      auto start_weights = [&](int stage) {
-        const int buf = (stage_count + stage) & 1;
-        const uint32_t bytes = 4 * stage_floats;
-        mbarrier_arrive_expect_tx(&weights_full[buf], bytes);
-        bulk_copy_to_smem(smem + weights_at(buf), w_tile + int64_t(stage) * stage_floats, bytes,
-                          &weights_full[buf]);
-      };
-      // Rounds a chunk's box to TF32 into its interleaved halo: one pixel's
-      // 4 channels per thread and step (conflict-free 4-byte loads across
-      // the warp, one 16-byte store). Channels past the group's, which the
-      // box may read from the next group, become zeros.
-      auto convert_halo = [&](int chunk) {
-        const uint32_t k = chunk_count + chunk;
-        mbarrier_wait(&halo_full, k & 1);
-        float4* dst = reinterpret_cast<float4*>(smem + halo_at(k & 1));
-        const int c0 = chunk * 8 * L.ksteps;
+  // Stream positions: stage q is stage q % stages of item q / stages, in
+  // weight buffer q & 1, whose barrier phase then has parity (q >> 1) & 1;
+  // chunk c is chunk c % chunks of item c / chunks, in halo buffer c & 1,
+  // its box completing the box barrier's phase of parity c & 1.
+  // Copies are started by thread 0; positions past the last item start
+  // nothing.
+  // Item `it`'s stage `stage` is stream position q; its chunk `chunk` is
+  // stream position c.
+  auto start_weights = [&](const Item& it, int stage, int64_t q) {
+    if (!it.valid) return;
+    const uint32_t bytes = 4 * stage_floats;
+    const float* src = w_frag + (int64_t(it.gy) * stages + stage) * stage_floats;
+    const int buf = static_cast<int>(q & 1);
+    mbarrier_arrive_expect_tx(&weights_full[buf], bytes);
+    bulk_copy_to_smem(smem + weights_at(buf), src, bytes, &weights_full[buf]);
+  };
+  auto start_box = [&](const Item& it, int chunk) {
+    if (!it.valid) return;
+    const int channel = (it.gy / L.co_tiles) * cin_g + chunk * 8 * L.ksteps;
+    mbarrier_arrive_expect_tx(&halo_full, static_cast<uint32_t>(L.staging_bytes));
+    tma_load_4d(box, &x_map, it.iw0 & ~3, it.ih0, channel, it.n, &halo_full);
+  };
+  // Rounds chunk c's box to TF32 into its interleaved halo: one pixel's 4
+  // channels per thread and step (conflict-free 4-byte loads across the
+  // warp, one 16-byte store). Channels past the group's, which the box may
+  // read from the next group, become zeros.
+  auto convert_halo = [&](const Item& it, int chunk, int64_t c) {
+    if (!it.valid) return;
+    mbarrier_wait(&halo_full, static_cast<uint32_t>(c & 1));
+    float4* dst = reinterpret_cast<float4*>(smem + halo_at(static_cast<int>(c & 1)));
+    const int c0 = chunk * 8 * L.ksteps;
+    const int shift = it.iw0 & 3;
+    const int channel_floats = L.halo_rows * box_cols;
 #pragma unroll 1
-        for (int plane = 0; plane < planes; ++plane) {
-          bool ok[4];
+    for (int plane = 0; plane < planes; ++plane) {
+      bool ok[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ok[e] = c0 + plane * 4 + e < cin_g;
-          const int channel_floats = L.halo_rows * box_cols;
-          const float* src = box + plane * 4 * channel_floats + shift;
+      for (int e = 0; e < 4; ++e) ok[e] = c0 + plane * 4 + e < cin_g;
+      const float* src = box + plane * 4 * channel_floats + shift;
 #pragma unroll 2
-          for (int i = threadIdx.x; i < box_pixels; i += cfg::kThreads) {
-            const int at = (i >> log2_pitch) * box_cols + (i & (pitch - 1));
-            float v[4];
+      for (int i = threadIdx.x; i < box_pixels; i += cfg::kThreads) {
+        const int at = (i >> log2_pitch) * box_cols + (i & (pitch - 1));
+        float v[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              v[e] = ok[e] ? __uint_as_float(tf32_round(src[e * channel_floats + at])) : 0.f;
-            }
-            dst[plane * hp + i] = make_float4(v[0], v[1], v[2], v[3]);
-          }
+        for (int e = 0; e < 4; ++e) {
+          v[e] = ok[e] ? __uint_as_float(tf32_round(src[e * channel_floats + at])) : 0.f;
         }
-      };
-
-      float acc[32][4];  // n8 fragments of the 256 positions
-#pragma unroll
-      for (int j = 0; j < 32; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-
-      __syncthreads();  // buffers free (previous image or channel tile)
-      if (threadIdx.x == 0) {
-        start_halo(0);
-        start_weights(0);
-        if (stages > 1) start_weights(1);
+        dst[plane * hp + i] = make_float4(v[0], v[1], v[2], v[3]);
       }
-      convert_halo(0);
-      fence_proxy_async_smem();  // wgmma reads what the threads stored
-      __syncthreads();
-      // The box is free again: the next chunk's copy has a chunk's time.
-      if (threadIdx.x == 0 && L.chunks > 1) start_halo(1);
+    }
+  };
 
-      for (int s = 0; s < stages; ++s) {
-        const int chunk = s / stages_per_chunk;
-        const int within = s - chunk * stages_per_chunk;
-        const uint32_t ws = stage_count + s;
-        mbarrier_wait(&weights_full[ws & 1], (ws >> 1) & 1);
-        const bool last_of_chunk = within == stages_per_chunk - 1 && chunk + 1 < L.chunks;
+  // Position `at` of an item of `per_item` stages or chunks counted from
+  // the current item's start: which item (`ahead`) and where in it.
+  auto position = [&](int at, int per_item, int& ahead) {
+    ahead = at >= per_item ? (at >= 2 * per_item ? 2 : 1) : 0;
+    return at - ahead * per_item;
+  };
+  if (threadIdx.x == 0) {
+    int ahead;
+    start_box(it, 0);
+    start_weights(it, 0, 0);
+    const int s1 = position(1, stages, ahead);
+    start_weights(item_ahead(ahead), s1, 1);
+  }
+  convert_halo(it, 0, 0);
+  fence_proxy_async_smem();  // wgmma reads what the threads stored
+  __syncthreads();
+  if (threadIdx.x == 0) {  // the box is free again
+    int ahead;
+    const int c1 = position(1, L.chunks, ahead);
+    start_box(item_ahead(ahead), c1);
+  }
 
-        const uint32_t halo_addr = smem_addr(smem + halo_at((chunk_count + chunk) & 1));
-        const uint32_t plane_bytes = 4 * plane_floats;
-        const uint32_t w_addr = smem_addr(smem + weights_at(ws & 1));
-        // Step order: taps in (kernel row, kernel column) order, k8 steps
-        // within a tap. `off` is the tap's first halo pixel.
-        int off = within * L.rows_per_stage * pitch;
-        int kw = 0, k = 0;
-        wgmma_fence();
+  float acc[32][4];  // n8 fragments of the 256 positions
+  for (int64_t local = 0;; ++local) {
+    if (local > 0) {
+      it = next;
+      next = after;
+      after = item_of(static_cast<int>(local) + 2);
+    }
+    if (!it.valid) break;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    for (int s = 0; s < stages; ++s) {
+      const int chunk = s / stages_per_chunk;
+      const int within = s - chunk * stages_per_chunk;
+      const int64_t q = local * stages + s;
+      const int64_t c = local * L.chunks + chunk;
+      const int wbuf = static_cast<int>(q & 1);
+      mbarrier_wait(&weights_full[wbuf], static_cast<uint32_t>((q >> 1) & 1));
+
+      const uint32_t halo_addr = smem_addr(smem + halo_at(static_cast<int>(c & 1)));
+      const uint32_t plane_bytes = 4 * plane_floats;
+      const uint32_t w_addr = smem_addr(smem + weights_at(wbuf));
+      // Step order: taps in (kernel row, kernel column) order, k8 steps
+      // within a tap. `off` is the tap's first halo pixel.
+      int off = within * L.rows_per_stage * pitch;
+      int kw = 0, k = 0;
+      wgmma_fence();
 #pragma unroll 1
-        for (int t = 0; t < stage_steps; ++t) {
-          const uint64_t desc_a = wgmma_desc(w_addr + t * (4 * step_floats), 1024, 128);
-          const uint64_t desc_b =
-              wgmma_desc(halo_addr + 16 * off + 2 * k * plane_bytes, plane_bytes, 128);
-          wgmma_m64n256k8_tf32_ss(acc, desc_a, desc_b, true);
-          if (++k == L.ksteps) {
-            k = 0;
-            if (++kw == KW) {
-              kw = 0;
-              off += pitch - (KW - 1) * dw;
-            } else {
-              off += dw;
-            }
+      for (int t = 0; t < stage_steps; ++t) {
+        const uint64_t desc_a = wgmma_desc(w_addr + t * (4 * step_floats), 1024, 128);
+        const uint64_t desc_b =
+            wgmma_desc(halo_addr + 16 * off + 2 * k * plane_bytes, plane_bytes, 128);
+        wgmma_m64n256k8_tf32_ss(acc, desc_a, desc_b, true);
+        if (++k == L.ksteps) {
+          k = 0;
+          if (++kw == KW) {
+            kw = 0;
+            off += pitch - (KW - 1) * dw;
+          } else {
+            off += dw;
           }
-        }
-        wgmma_commit();
-        // The next chunk's box is rounded while the stage's wgmmas run.
-        if (last_of_chunk) convert_halo(chunk + 1);
-        wgmma_wait<0>();
-        wgmma_fence_operands(acc);
-        fence_proxy_async_smem();  // the next chunk's halo, for wgmma
-        __syncthreads();
-        // Stage s is done everywhere: its weight buffer, and after a
-        // chunk's last stage the box just rounded, can be refilled.
-        if (threadIdx.x == 0) {
-          if (s + 2 < stages) start_weights(s + 2);
-          if (last_of_chunk && chunk + 2 < L.chunks) start_halo(chunk + 2);
         }
       }
-      stage_count += stages;
-      chunk_count += L.chunks;
-
-      // Epilogue: row m of the tile is output channel co0 + m (this lane
-      // holds rows m and m + 8); column o is position (o / P, o % P) of the
-      // flattened tile. A lane's two accumulators of a row are neighbouring
-      // positions: stored as one 8-byte write where both are stored and
-      // aligned, so that the 4 lanes of a row fill a whole 32-byte sector.
-      // The positions do not depend on the image or channel tile; hidden
-      // behind an empty asm, they are not hoisted out of those loops, where
-      // they would stay live (and spill) across the main loop.
-      int col0 = 2 * tig;
-      asm volatile("" : "+r"(col0));
-      const int co_lo = co0 + warp * 16 + grp, co_hi = co_lo + 8;
-      const bool lo_ok = co_lo < cout_g, hi_ok = co_hi < cout_g;
-      const float bias_lo = bias != nullptr && lo_ok ? bias[g * cout_g + co_lo] : 0.f;
-      const float bias_hi = bias != nullptr && hi_ok ? bias[g * cout_g + co_hi] : 0.f;
-      const int64_t lo_plane = (int64_t(n) * p.out_channels + int64_t(g) * cout_g + co_lo) * Ho * Wo;
-      float* y_lo = y + lo_plane;
-      const int64_t hi_offset = int64_t(8) * Ho * Wo;
-      // Parity of the element offset of (row 0, column 0) in both planes
-      // (8 planes apart: same parity).
-      const int parity = static_cast<int>(lo_plane & 1);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const int o = h * cfg::kHalf + j * 8 + col0;  // even; o + 1 in the same row
-          const int c = o & (pitch - 1);
-          const int oh = oh0 + dh * (o >> log2_pitch), ow = ow0 + c;
-          if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
-          float* dst = y_lo + oh * Wo + ow;
-          const float* v = acc[h * 16 + j];
-          if (c + 1 < L.out_cols && ow + 1 < Wo && ((parity + oh * Wo + ow) & 1) == 0) {
-            if (lo_ok) *reinterpret_cast<float2*>(dst) = make_float2(v[0] + bias_lo, v[1] + bias_lo);
-            if (hi_ok) {
-              *reinterpret_cast<float2*>(dst + hi_offset) = make_float2(v[2] + bias_hi, v[3] + bias_hi);
-            }
-          } else {
-            if (lo_ok) dst[0] = v[0] + bias_lo;
-            if (hi_ok) dst[hi_offset] = v[2] + bias_hi;
-            if (c + 1 < L.out_cols && ow + 1 < Wo) {
-              if (lo_ok) dst[1] = v[1] + bias_lo;
-              if (hi_ok) dst[hi_offset + 1] = v[3] + bias_hi;
-            }
-          }
+      wgmma_commit();
+      // The next chunk (of this item or the next) is rounded while the
+      // stage's wgmmas run.
+      const bool last_of_chunk = within == stages_per_chunk - 1;
+      if (last_of_chunk) {
+        int ahead;
+        const int chunk1 = position(chunk + 1, L.chunks, ahead);
+        convert_halo(item_ahead(ahead), chunk1, c + 1);
+      }
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+      fence_proxy_async_smem();  // the next chunk's halo, for wgmma
+      __syncthreads();
+      // Stage q is done everywhere: its weight buffer, and after a chunk's
+      // last stage the box just rounded, can be refilled.
+      if (threadIdx.x == 0) {
+        int ahead;
+        const int s2 = position(s + 2, stages, ahead);
+        start_weights(item_ahead(ahead), s2, q + 2);
+        if (last_of_chunk) {
+          const int chunk2 = position(chunk + 2, L.chunks, ahead);
+          start_box(item_ahead(ahead), chunk2);
         }
+      }
+    }
+
+    // Epilogue: row m of the tile is output channel co0 + m (this lane
+    // holds rows m and m + 8); column o is position (o / P, o % P) of the
+    // flattened tile. A lane's two accumulators of a row are neighbouring
+    // positions: stored as one 8-byte write where both are stored and
+    // aligned, so that the 4 lanes of a row fill a whole 32-byte sector.
+    // The positions do not depend on the item; hidden behind an empty asm,
+    // they are not hoisted out of the item loop, where they would stay live
+    // (and spill) across the main loop.
+    int col0 = 2 * tig;
+    asm volatile("" : "+r"(col0));
+    const int g = it.gy / L.co_tiles;
+    const int co0 = (it.gy % L.co_tiles) * cfg::kCo;
+    const int co_lo = co0 + warp * 16 + grp, co_hi = co_lo + 8;
+    const bool lo_ok = co_lo < cout_g, hi_ok = co_hi < cout_g;
+    const float bias_lo = bias != nullptr && lo_ok ? bias[g * cout_g + co_lo] : 0.f;
+    const float bias_hi = bias != nullptr && hi_ok ? bias[g * cout_g + co_hi] : 0.f;
+    const int64_t lo_plane =
+        (int64_t(it.n) * p.out_channels + int64_t(g) * cout_g + co_lo) * Ho * Wo;
+    float* y_lo = y + lo_plane;
+    const int64_t hi_offset = int64_t(8) * Ho * Wo;
+    // Parity of the element offset of (row 0, column 0) in both planes
+    // (8 planes apart: same parity).
+    const int parity = static_cast<int>(lo_plane & 1);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int o = j * 8 + col0;  // even; o + 1 in the same row
+      const int c = o & (pitch - 1);
+      const int oh = it.oh0 + dh * (o >> log2_pitch), ow = it.ow0 + c;
+      if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
+      float* dst = y_lo + oh * Wo + ow;
+      const float* v = acc[j];
+      if (c + 1 < L.out_cols && ow + 1 < Wo && ((parity + oh * Wo + ow) & 1) == 0) {
+        if (lo_ok) *reinterpret_cast<float2*>(dst) = make_float2(v[0] + bias_lo, v[1] + bias_lo);
+        if (hi_ok) {
+          *reinterpret_cast<float2*>(dst + hi_offset) = make_float2(v[2] + bias_hi, v[3] + bias_hi);
+        }
+      } else {
+        if (lo_ok) dst[0] = v[0] + bias_lo;
+        if (hi_ok) dst[hi_offset] = v[2] + bias_hi;
+        if (c + 1 < L.out_cols && ow + 1 < Wo) {
+          if (lo_ok) dst[1] = v[1] + bias_lo;
+          if (hi_ok) dst[hi_offset + 1] = v[3] + bias_hi;
+        }
+      }
     }
   }
 }
@@ -360,13 +424,18 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
       total, order);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const dim3 grid(static_cast<unsigned>(int64_t(L.tiles_w) * L.tiles_h),
-                  std::min<int64_t>(p.groups * L.co_tiles, kMaxGridYZ),
-                  std::min(p.batch, kMaxGridYZ));
+  const int64_t items = int64_t(L.tiles_w) * L.tiles_h * p.groups * L.co_tiles * p.batch;
   dispatch_kernel_size(p.kernel_h, p.kernel_w, /*specialise=*/true, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
     auto kernel = fprop_flat_kernel<KH, KW>;
     ensure_dynamic_smem(kernel, L.smem_bytes);
+    // Persistent: as many blocks as fit on the GPU at once.
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg::kThreads,
+                                                                 L.smem_bytes));
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const unsigned grid =
+        static_cast<unsigned>(std::min<int64_t>(items, int64_t(std::max(per_sm, 1)) * sms));
     kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
         x_map, p, w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
