@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int KH_T, int KW_T>
-__global__ void __launch_bounds__(cfg::kThreads, 2)
+__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     fprop_flat_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
                       float* __restrict__ y, const cfg::Layout L) {
@@ -186,9 +186,10 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
     mbarrier_arrive_expect_tx(&halo_full, static_cast<uint32_t>(L.staging_bytes));
     tma_load_4d(box, &x_map, it.iw0 & ~3, it.ih0, channel, it.n, &halo_full);
   };
-  // Rounds chunk c's box to TF32 into its interleaved halo: one pixel's 4
-  // channels per thread and step (conflict-free 4-byte loads across the
-  // warp, one 16-byte store). Channels past the group's, which the box may
+  // Rounds chunk c's box to TF32 into its interleaved halo: per step one
+  // pixel's 8 channels (two planes), all eight 4-byte loads issued before
+  // the first is used (consecutive pixels across the warp: conflict-free),
+  // then two 16-byte stores. Channels past the group's, which the box may
   // read from the next group, become zeros.
   auto convert_halo = [&](const Item& it, int chunk, int64_t c) {
     if (!it.valid) return;
@@ -198,20 +199,22 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
     const int shift = it.iw0 & 3;
     const int channel_floats = L.halo_rows * box_cols;
 #pragma unroll 1
-    for (int plane = 0; plane < planes; ++plane) {
-      bool ok[4];
+    for (int pair = 0; pair < L.ksteps; ++pair) {
+      bool ok[8];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ok[e] = c0 + plane * 4 + e < cin_g;
-      const float* src = box + plane * 4 * channel_floats + shift;
-#pragma unroll 2
+      for (int e = 0; e < 8; ++e) ok[e] = c0 + pair * 8 + e < cin_g;
+      const float* src = box + pair * 8 * channel_floats + shift;
+      float4* out = dst + 2 * pair * hp;
+#pragma unroll 1
       for (int i = threadIdx.x; i < box_pixels; i += cfg::kThreads) {
         const int at = (i >> log2_pitch) * box_cols + (i & (pitch - 1));
-        float v[4];
+        float v[8];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          v[e] = ok[e] ? __uint_as_float(tf32_round(src[e * channel_floats + at])) : 0.f;
-        }
-        dst[plane * hp + i] = make_float4(v[0], v[1], v[2], v[3]);
+        for (int e = 0; e < 8; ++e) v[e] = src[e * channel_floats + at];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = ok[e] ? __uint_as_float(tf32_round(v[e])) : 0.f;
+        out[i] = make_float4(v[0], v[1], v[2], v[3]);
+        out[hp + i] = make_float4(v[4], v[5], v[6], v[7]);
       }
     }
   };
@@ -282,28 +285,29 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         }
       }
       wgmma_commit();
-      // The next chunk (of this item or the next) is rounded while the
-      // stage's wgmmas run.
-      const bool last_of_chunk = within == stages_per_chunk - 1;
-      if (last_of_chunk) {
+      // In a chunk's first stage, while its wgmmas run: the next chunk (of
+      // this item or the next) is rounded into the other halo buffer, whose
+      // last reader (the previous chunk) is done; then the box is free and
+      // the chunk after that starts copying, a chunk ahead of its use.
+      if (within == 0) {
         int ahead;
         const int chunk1 = position(chunk + 1, L.chunks, ahead);
         convert_halo(item_ahead(ahead), chunk1, c + 1);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          const int chunk2 = position(chunk + 2, L.chunks, ahead);
+          start_box(item_ahead(ahead), chunk2);
+        }
       }
       wgmma_wait<0>();
       wgmma_fence_operands(acc);
       fence_proxy_async_smem();  // the next chunk's halo, for wgmma
       __syncthreads();
-      // Stage q is done everywhere: its weight buffer, and after a chunk's
-      // last stage the box just rounded, can be refilled.
+      // Stage q is done everywhere: its weight buffer can be refilled.
       if (threadIdx.x == 0) {
         int ahead;
         const int s2 = position(s + 2, stages, ahead);
         start_weights(item_ahead(ahead), s2, q + 2);
-        if (last_of_chunk) {
-          const int chunk2 = position(chunk + 2, L.chunks, ahead);
-          start_box(item_ahead(ahead), chunk2);
-        }
       }
     }
 
