@@ -88,18 +88,24 @@ namespace conv2d_ext {
 namespace igemm_fprop_flat {
 
 constexpr int kCo = 64;       // M: output channels per block (wgmma m64)
-constexpr int kHalf = 128;    // N of one wgmma: 128 flattened output positions
-constexpr int kPositions = 2 * kHalf;  // per block: one A fragment feeds two wgmmas
+constexpr int kPositions = 256;  // N: flattened output positions per item (m64n256k8)
 constexpr int kThreads = 128;  // one warpgroup
 // Registers capped for three blocks per SM (at most 168 per thread): while
 // one block rounds a halo or stores its tile, two others keep the tensor
 // cores busy.
 constexpr int kBlocksPerSm = 3;
-constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: 4 warps x 32 lanes x 4
+constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: [k half][co][4]
 constexpr int64_t kMaxSmemBytes = 200 * 1024;
-constexpr int64_t kTwoBlocksSmemBytes = 112 * 1024;  // per block, for 2 blocks/SM
-constexpr int64_t kSmemPerSm = 228 * 1024;
+constexpr int64_t kSmemPerSm = 228 * 1024;  // sm_90, the only target of this kernel
 constexpr int64_t kSmemReservedPerBlock = 1024 + 128;  // the driver's, and the mbarriers
+
+// Blocks of `smem_bytes` dynamic shared memory that share an SM: by shared
+// memory, at most kBlocksPerSm (registers). The layout choice weighs it and
+// the launch sizes its persistent grid by it.
+inline int blocks_per_sm(int64_t smem_bytes) {
+  return static_cast<int>(
+      std::min<int64_t>(kBlocksPerSm, kSmemPerSm / (smem_bytes + kSmemReservedPerBlock)));
+}
 
 // The halo arrives by the tensor-copy engine (TMA) as a box of the NCHW
 // input, [chunk channels][halo rows][P + 4 columns], and is rounded into the
@@ -170,7 +176,7 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
     const int64_t weight_bytes = stage_taps * ksteps * kStepFloats * 4;
     return staging(ksteps) + 2 * (halo_bytes + weight_bytes);
   };
-  while (l.ksteps > 1 && smem(l.ksteps) > kTwoBlocksSmemBytes) --l.ksteps;
+  while (l.ksteps > 1 && blocks_per_sm(smem(l.ksteps)) < 2) --l.ksteps;
   l.chunks = static_cast<int>((p.in_channels_per_group() + 8 * l.ksteps - 1) / (8 * l.ksteps));
   l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
   // Persistent blocks number work items in 32 bits.
@@ -193,11 +199,8 @@ inline Layout choose_layout(const ConvParams& p) {
   for (int log2_pitch = 8; log2_pitch >= 5; --log2_pitch) {
     const Layout l = layout(p, log2_pitch);
     if (l.smem_bytes == INT64_MAX) continue;
-    // Blocks per SM by shared memory (228 KB per SM, 1 KB reserved per
-    // block), at most kBlocksPerSm by registers: fewer blocks hide less of
-    // a block's halo rounding and stores.
-    const int64_t per_sm =
-        std::min<int64_t>(kBlocksPerSm, kSmemPerSm / (l.smem_bytes + kSmemReservedPerBlock));
+    // Fewer blocks per SM hide less of a block's halo rounding and stores.
+    const int per_sm = blocks_per_sm(l.smem_bytes);
     const double factor = per_sm >= 3 ? 1.0 : per_sm == 2 ? 1.15 : 1.6;
     const double cost = double(l.tiles_w) * l.tiles_h * factor;
     if (best.smem_bytes == INT64_MAX || cost < best_cost) {

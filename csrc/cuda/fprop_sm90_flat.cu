@@ -241,7 +241,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     start_box(item_ahead(ahead), c1);
   }
 
-  float acc[32][4];  // n8 fragments of the 256 positions
+  constexpr int kFrags = cfg::kPositions / 8;
+  float acc[kFrags][4];  // n8 fragments of the item's positions
   for (int64_t local = 0;; ++local) {
     if (local > 0) {
       it = next;
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     }
     if (!it.valid) break;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < kFrags; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
     for (int s = 0; s < stages; ++s) {
       const int chunk = s / stages_per_chunk;
@@ -335,7 +336,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     // (8 planes apart: same parity).
     const int parity = static_cast<int>(lo_plane & 1);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kFrags; ++j) {
       const int o = j * 8 + col0;  // even; o + 1 in the same row
       const int c = o & (pitch - 1);
       const int oh = it.oh0 + dh * (o >> log2_pitch), ow = it.ow0 + c;
@@ -433,13 +434,11 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
     auto kernel = fprop_flat_kernel<KH, KW>;
     ensure_dynamic_smem(kernel, L.smem_bytes);
-    // Persistent: as many blocks as fit on the GPU at once.
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg::kThreads,
-                                                                 L.smem_bytes));
+    // Persistent: as many blocks as fit on the GPU at once (the layout's
+    // count, without an occupancy query per call).
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const unsigned grid =
-        static_cast<unsigned>(std::min<int64_t>(items, int64_t(std::max(per_sm, 1)) * sms));
+    const unsigned grid = static_cast<unsigned>(
+        std::min<int64_t>(items, int64_t(std::max(cfg::blocks_per_sm(L.smem_bytes), 1)) * sms));
     kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
         x_map, p, w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
