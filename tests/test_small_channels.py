@@ -43,6 +43,9 @@ CASES = [
     (1, 3, 16, 64, 70, (1, 1), 1, 0, 1, 1, True),
     (2, 4, 12, 17, 2, (5, 5), 1, 2, 1, 2, False),  # 2 -> 1 per group
     (2, 4, 15, 22, 12, (3, 3), 2, 1, 1, 4, True),  # depthwise, multiplier 3
+    (2, 16, 37, 70, 16, (3, 3), 1, 1, 1, 4, True),  # 4 -> 4 per group (narrow tile)
+    (1, 12, 19, 33, 12, (5, 5), 2, 2, 1, 3, False),  # 4 -> 4, stride 2
+    (1, 8, 21, 40, 8, (7, 7), 1, 3, 1, 2, True),  # 4 -> 4, 7x7 (no register window)
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.
@@ -72,7 +75,7 @@ def _geometry(case):
 
 def _expected_kernel(case):
     _, cin, _, _, cout, _, _, _, _, groups, _ = case
-    return "depthwise" if cin // groups == 1 and cout // groups <= 2 else "few_channels"
+    return "depthwise" if cin // groups == 1 and cout // groups <= 4 else "few_channels"
 
 
 def _precisions(x, wt, stride, padding, dilation, groups):
@@ -139,7 +142,7 @@ def test_small_channels_float64(case, device):
 @cuda_only
 def test_small_channel_cases_reach_their_kernels(precision):
     """The cases test what they claim: in float32, every pass of each runs
-    the depthwise kernel (one input channel and at most two output channels
+    the depthwise kernel (one input channel and at most four output channels
     per group) or the few-channel kernel (at most 4 input channels per
     group), in both precision modes."""
     for case in CASES + REPRODUCIBLE:

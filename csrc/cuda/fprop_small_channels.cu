@@ -6,10 +6,11 @@
 // tensor cores. A block stages its input channels' tile with halo in
 // shared memory once (16-byte async copies where rows are aligned), then
 // each thread owns one output column of the tile:
-// - narrow (at most 2 output channels per group, depthwise): 8 rows x
-//   those channels; 4 slots of 64 threads stack to a 32 x 64 tile. At unit
-//   stride and dilation a thread slides a register window down its column,
-//   so each staged value is read once per kernel column, not once per tap.
+// - narrow (at most 4 output channels per group: depthwise, grouped 4 ->
+//   4): 8 rows x those channels; 4 slots of 64 threads stack to a 32 x 64
+//   tile. At unit stride and dilation a thread slides a register window
+//   down its column, so each staged value is read once per kernel column,
+//   not once per tap, while the window's weights fit in registers.
 // - wide (RGB stems): 2 rows x 16 channels; the 4 slots cover a 64-channel
 //   tile, and every staged input value feeds 16 multiply-adds.
 // Lanes of a warp own consecutive columns: coalesced stores, conflict-free
@@ -125,7 +126,9 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
       for (int ci = 0; ci < cin_g; ++ci) {
         const float* sx = s_x + ci * halo_rows * pitch + hc.lead;
         const float* swt = s_w + ci * taps * kCoTile + cg * kCo;
-        if constexpr (KH_T > 0 && kCoGroups == 1) {
+        // The window holds a channel's weights of every tap (98 registers
+        // for 7x7 x 2 channels; more would spill).
+        if constexpr (KH_T > 0 && kCoGroups == 1 && KH_T * KW_T * kCo <= 98) {
           if (unit) {
             // Input row r0 + i feeds output rows r0 + i - kh: slide down
             // the column, each staged value read once per kernel column.
@@ -225,12 +228,12 @@ void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const
   float* yp = y.data_ptr<float>();
   dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-    if (!sc::narrow(p)) {
+    if (!sc::fprop_narrow(p)) {
       launch<KH, KW, sc::kWideCo, sc::kWideRows, sc::kSlots>(p, xp, wp, bias, yp, order, vec);
-    } else if (p.out_channels_per_group() == 1) {
-      launch<KH, KW, 1, sc::kNarrowRows, 1>(p, xp, wp, bias, yp, order, vec);
     } else {
-      launch<KH, KW, 2, sc::kNarrowRows, 1>(p, xp, wp, bias, yp, order, vec);
+      small_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
+        launch<KH, KW, decltype(co)::value, sc::kNarrowRows, 1>(p, xp, wp, bias, yp, order, vec);
+      });
     }
   });
 }

@@ -5,6 +5,7 @@
 
 #include "../tile_config.h"
 #include "common.cuh"
+#include "kernel_sizes.cuh"
 #include "mma.cuh"
 
 namespace conv2d_ext {
@@ -65,6 +66,19 @@ __device__ __forceinline__ void stage_halo(float* dst, const float* src, int pla
     stage_halo_by<4>(dst, src, planes, H, W, row0, rows, hc, cols, pitch, plane_stride);
   } else {
     stage_halo_by<1>(dst, src, planes, H, W, row0, rows, hc, cols, pitch, plane_stride);
+  }
+}
+
+// Calls fn(Int<kCo>{}) for a narrow tile's output channels per group (1 to
+// kNarrowMaxCo): the tiles hold exactly the group's channels.
+template <typename Fn>
+void dispatch_narrow_channels(int64_t cout_g, Fn&& fn) {
+  static_assert(conv2d_ext::small_channels::kNarrowMaxCo == 4, "one case per channel count");
+  switch (cout_g) {
+    case 1: return fn(Int<1>{});
+    case 2: return fn(Int<2>{});
+    case 3: return fn(Int<3>{});
+    default: return fn(Int<4>{});
   }
 }
 

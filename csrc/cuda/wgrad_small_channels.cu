@@ -4,7 +4,7 @@
 // blocks, and a second kernel sums the slices in slice order (no atomics:
 // bitwise reproducible).
 //
-// - narrow (at most 2 output channels per group, depthwise): a block takes
+// - narrow (at most 4 output channels per group, depthwise): a block takes
 //   one (group, input channel), stages that channel's 32 x 64 tile with
 //   halo and the matching grad_output tiles per step, in a ring of buffers
 //   that keeps the next steps' copies in flight, and each thread sums a
@@ -61,12 +61,20 @@ Split split_stages(int64_t tiles, int64_t stages, int waves, const at::Tensor& g
 constexpr int kRows = sc::kNarrowRows;
 constexpr int kTileRows = kRows * sc::kSlots;
 
-// Taps per block: the whole kernel up to 5x5; 7x7's 49 accumulators per
-// channel and their offsets spill, so it takes two blocks of 25 and 24.
-// 16 for generic sizes.
+// Taps per block: at most 50 accumulators (kCo per tap) with their offsets;
+// 7x7 x 2 channels (98) spilled. Over that, the kernel's taps are split
+// evenly over blocks (7x7 x 2: 25 and 24). 16 taps or fewer for generic
+// sizes.
 template <int KH_T, int KW_T, int kCo>
 constexpr int narrow_taps() {
-  return KH_T > 0 ? (KH_T * KW_T <= 25 ? KH_T * KW_T : 25) : 16;
+  constexpr int cap = (kCo <= 2 ? 25 : 50 / kCo);
+  if constexpr (KH_T == 0) {
+    return cap < 16 ? cap : 16;
+  } else {
+    constexpr int taps = KH_T * KW_T;
+    constexpr int blocks = (taps + cap - 1) / cap;
+    return (taps + blocks - 1) / blocks;
+  }
 }
 
 template <int KH_T, int KW_T, int kCo>
@@ -395,9 +403,9 @@ void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
   } else {
     dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
       constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-      sp = p.out_channels_per_group() == 1
-               ? launch_narrow<KH, KW, 1>(p, go, xp, grad_w, vec, vec_go)
-               : launch_narrow<KH, KW, 2>(p, go, xp, grad_w, vec, vec_go);
+      small_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
+        sp = launch_narrow<KH, KW, decltype(co)::value>(p, go, xp, grad_w, vec, vec_go);
+      });
     });
   }
   if (sp.slices > 1) reduce_splits<float>(sp.partial, grad_w, p.weight_numel(), sp.slices);
