@@ -54,10 +54,9 @@ Algo fprop_algo(const ConvParams& p, MathMode math, int sm) {
   const bool split = math == MathMode::kIEEE;  // 3xTF32
   const bool hopper = sm == 90 && built_with_sm90a() &&
                       g_hopper_kernels.load(std::memory_order_relaxed);
-  // The flat kernel (pixels as wgmma's N) is the faster TF32 kernel at
-  // unit stride; in 3xTF32 it measured slower than the other wgmma kernel.
-  if (hopper && !split && g_flat_kernels.load(std::memory_order_relaxed) &&
-      igemm_fprop_flat::fits(p)) {
+  // The flat kernel (pixels as wgmma's N) is the faster one at unit stride.
+  if (hopper && g_flat_kernels.load(std::memory_order_relaxed) &&
+      igemm_fprop_flat::fits(p, split)) {
     return Algo::kImplicitGemmSm90Flat;
   }
   if (hopper && igemm_fprop::fits(p, /*wgmma=*/true, split)) return Algo::kImplicitGemmSm90;

@@ -92,19 +92,22 @@ constexpr int kPositions = 256;  // N: flattened output positions per item (m64n
 constexpr int kThreads = 128;  // one warpgroup
 // Registers capped for three blocks per SM (at most 168 per thread): while
 // one block rounds a halo or stores its tile, two others keep the tensor
-// cores busy.
+// cores busy. 3xTF32 needs two 32-register temporaries and the split A
+// operand next to the 128 accumulators: two blocks.
 constexpr int kBlocksPerSm = 3;
+constexpr int kSplitBlocksPerSm = 2;
+constexpr int blocks_per_sm_cap(bool split) { return split ? kSplitBlocksPerSm : kBlocksPerSm; }
 constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: [k half][co][4]
 constexpr int64_t kMaxSmemBytes = 200 * 1024;
 constexpr int64_t kSmemPerSm = 228 * 1024;  // sm_90, the only target of this kernel
 constexpr int64_t kSmemReservedPerBlock = 1024 + 128;  // the driver's, and the mbarriers
 
 // Blocks of `smem_bytes` dynamic shared memory that share an SM: by shared
-// memory, at most kBlocksPerSm (registers). The layout choice weighs it and
-// the launch sizes its persistent grid by it.
-inline int blocks_per_sm(int64_t smem_bytes) {
-  return static_cast<int>(
-      std::min<int64_t>(kBlocksPerSm, kSmemPerSm / (smem_bytes + kSmemReservedPerBlock)));
+// memory, at most blocks_per_sm_cap (registers). The layout choice weighs it
+// and the launch sizes its persistent grid by it.
+inline int blocks_per_sm(int64_t smem_bytes, bool split) {
+  return static_cast<int>(std::min<int64_t>(
+      blocks_per_sm_cap(split), kSmemPerSm / (smem_bytes + kSmemReservedPerBlock)));
 }
 
 // The halo arrives by the tensor-copy engine (TMA) as a box of the NCHW
@@ -176,7 +179,7 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
     const int64_t weight_bytes = stage_taps * ksteps * kStepFloats * 4;
     return staging(ksteps) + 2 * (halo_bytes + weight_bytes);
   };
-  while (l.ksteps > 1 && blocks_per_sm(smem(l.ksteps)) < 2) --l.ksteps;
+  while (l.ksteps > 1 && blocks_per_sm(smem(l.ksteps), false) < 2) --l.ksteps;
   l.chunks = static_cast<int>((p.in_channels_per_group() + 8 * l.ksteps - 1) / (8 * l.ksteps));
   l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
   // Persistent blocks number work items in 32 bits.
@@ -192,7 +195,7 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
 // weighted by how many blocks share an SM: on c, 56-column tiles at three
 // blocks per SM (2.97 ms) beat 120-column tiles at two (3.54 ms) with 6%
 // fewer blocks.
-inline Layout choose_layout(const ConvParams& p) {
+inline Layout choose_layout(const ConvParams& p, bool split) {
   Layout best{};
   best.smem_bytes = INT64_MAX;
   double best_cost = 0;
@@ -200,8 +203,8 @@ inline Layout choose_layout(const ConvParams& p) {
     const Layout l = layout(p, log2_pitch);
     if (l.smem_bytes == INT64_MAX) continue;
     // Fewer blocks per SM hide less of a block's halo rounding and stores.
-    const int per_sm = blocks_per_sm(l.smem_bytes);
-    const double factor = per_sm >= 3 ? 1.0 : per_sm == 2 ? 1.15 : 1.6;
+    const int per_sm = blocks_per_sm(l.smem_bytes, split);
+    const double factor = per_sm >= blocks_per_sm_cap(split) ? 1.0 : per_sm == 2 ? 1.15 : 1.6;
     const double cost = double(l.tiles_w) * l.tiles_h * factor;
     if (best.smem_bytes == INT64_MAX || cost < best_cost) {
       best = l;
@@ -211,8 +214,8 @@ inline Layout choose_layout(const ConvParams& p) {
   return best;
 }
 
-inline bool fits(const ConvParams& p) {
-  return choose_layout(p).smem_bytes != INT64_MAX;
+inline bool fits(const ConvParams& p, bool split) {
+  return choose_layout(p, split).smem_bytes != INT64_MAX;
 }
 
 }  // namespace igemm_fprop_flat

@@ -138,9 +138,9 @@ def _is_hopper_build():
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", TENSOR_CORE, ids=[f"tc{i}" for i in range(len(TENSOR_CORE))])
 def test_cuda_sm90_pixels_in_m_kernels(case, precision):
-    """On a Hopper GPU unit-stride TF32 shapes run the flat wgmma kernel;
-    the other wgmma kernel (strided shapes, IEEE mode) is checked on all
-    cases here."""
+    """On a Hopper GPU unit-stride shapes run the flat wgmma kernel; the
+    other wgmma kernel (strided shapes) is checked on all cases here, in
+    both modes."""
     if not _is_hopper_build():
         pytest.skip("needs sm_90 and a build with sm_90a code")
     previous = torch.ops.conv2d_ext._set_flat_kernels(False)
@@ -179,7 +179,7 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     """The TENSOR_CORE cases test what they claim: on sm_80+ the plan sends
     every forward, every dgrad that is a forward pass and every wgrad to a
     tensor-core kernel; forward and dgrad on sm_90 to wgmma when the build
-    has sm_90a code: the flat kernel for TF32 at unit stride."""
+    has sm_90a code: the flat kernel at unit stride, in both modes."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
@@ -195,8 +195,7 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         def expect(width):
             if not hopper:
                 return "implicit_gemm"
-            # The flat kernel is TF32 only.
-            flat = unit_stride and precision == "tf32" and _flat_takes(width, dh)
+            flat = unit_stride and _flat_takes(width, dh)
             return "implicit_gemm_sm90_flat" if flat else "implicit_gemm_sm90"
 
         expected = expect(w)

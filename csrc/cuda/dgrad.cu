@@ -187,7 +187,7 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
             return;
           case Algo::kImplicitGemmSm90Flat:
             launch_fprop_sm90_flat(dgrad_as_fprop(p), go, w, /*bias=*/nullptr, grad_in,
-                                   WeightOrder::kDgrad);
+                                   plan.math, WeightOrder::kDgrad);
             return;
           case Algo::kDepthwise:
           case Algo::kFewChannels:  // float32 only

@@ -165,7 +165,7 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
             return;
           case Algo::kImplicitGemmSm90Flat:
             launch_fprop_sm90_flat(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
-                                   WeightOrder::kFprop);
+                                   plan.math, WeightOrder::kFprop);
             return;
           case Algo::kDepthwise:
           case Algo::kFewChannels:  // float32 only

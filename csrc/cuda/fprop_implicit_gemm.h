@@ -19,10 +19,10 @@ void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
                                 at::Tensor& y, MathMode math, bool wgmma,
                                 WeightOrder order);
 
-// Hopper forward with pixels as wgmma's N (Algo::kImplicitGemmSm90Flat: TF32
-// mode, unit stride; csrc/cuda/fprop_sm90_flat.cu).
+// Hopper forward with pixels as wgmma's N (Algo::kImplicitGemmSm90Flat: unit
+// stride, TF32 or 3xTF32 by `math`; csrc/cuda/fprop_sm90_flat.cu).
 void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                            const float* bias, at::Tensor& y,
+                            const float* bias, at::Tensor& y, MathMode math,
                             WeightOrder order);
 
 }  // namespace cuda

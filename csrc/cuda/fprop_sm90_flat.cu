@@ -6,10 +6,15 @@
 // many operand bytes from shared memory as it does math; here a k8 step is
 // one m64n256k8, both operands from shared memory.
 //
-// TF32 mode only: 3xTF32 on this layout (big and small halo copies, two
-// warpgroups for the per-step temporaries) measured slower than the other
-// sm_90 kernel on every benchmark shape (docs/perf-notes.md), so the plan
-// sends IEEE mode there.
+// 3xTF32 (IEEE mode, kSplit): the tensor cores truncate as they
+// accumulate, so each k8 step's small*big + big*small + big*big goes into
+// a zeroed temporary that is added to the accumulators with FADDs. A
+// temporary of the whole 256-position tile would not fit next to it, so a
+// step runs as four m64n64k8 quarters into two alternating 32-register
+// temporaries, with A (the weights) from registers, split once per step.
+// The halo's big and small parts take both halo buffers, so a chunk is
+// rounded at its start instead of under the previous chunk (two blocks per
+// SM overlap that).
 //
 // wgmma reads TF32 B only K-major, so the halo of a chunk of input channels
 // is stored channel-interleaved, [4-channel plane][pixel][4 channels], and
@@ -52,11 +57,12 @@ namespace cfg = igemm_fprop_flat;
 // Weights [Cout][Cin/g][KH][KW] -> [group][co tile][chunk][kh][kw][k8 step]
 // [k half (2)][co (64)][4 channels]: wgmma's K-major A operand without
 // swizzle (8-row x 16-byte core matrices; k halves 1 KB apart, 8-row groups
-// 128 bytes), zero outside the real channels, rounded to TF32.
+// 128 bytes), zero outside the real channels; rounded to TF32 unless the
+// kernel splits them itself (3xTF32).
 __global__ void __launch_bounds__(kThreads)
     rearrange_flat_weights_kernel(const ConvParams p, const float* __restrict__ w,
                                   float* __restrict__ out, int chunks, int ksteps,
-                                  int co_tiles, int64_t total, WeightOrder order) {
+                                  int co_tiles, int64_t total, WeightOrder order, bool round) {
   for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * kThreads) {
     const WeightTileIndex t = decode_weight_tile_index(e, cfg::kStepFloats, ksteps, p.kernel_h,
@@ -65,12 +71,12 @@ __global__ void __launch_bounds__(kThreads)
     const int k = 4 * (t.within >> 8) + (t.within & 3);
     const float v = weight_or_zero(p, w, order, t.g, t.co_tile * cfg::kCo + m,
                                    (t.chunk * ksteps + t.kstep) * 8 + k, t.kh, t.kw);
-    out[e] = __uint_as_float(tf32_round(v));
+    out[e] = round ? __uint_as_float(tf32_round(v)) : v;
   }
 }
 
-template <int KH_T, int KW_T>
-__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
+template <int KH_T, int KW_T, bool kSplit>
+__global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     fprop_flat_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
                       float* __restrict__ y, const cfg::Layout L) {
@@ -91,7 +97,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   const int box_cols = pitch + cfg::kTmaColumnSlack;
 
   // Shared memory, in floats: one TMA box, two weight stages, two
-  // interleaved halos (planes of hp pixels x 4 channels).
+  // interleaved halos (planes of hp pixels x 4 channels): double-buffered
+  // in TF32 mode, one halo's big and small parts in 3xTF32.
   const int planes = 2 * L.ksteps;
   const int plane_floats = 4 * hp;
   const int halo_floats = planes * plane_floats;
@@ -186,15 +193,17 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     mbarrier_arrive_expect_tx(&halo_full, static_cast<uint32_t>(L.staging_bytes));
     tma_load_4d(box, &x_map, it.iw0 & ~3, it.ih0, channel, it.n, &halo_full);
   };
-  // Rounds chunk c's box to TF32 into its interleaved halo: per step one
-  // pixel's 8 channels (two planes), all eight 4-byte loads issued before
-  // the first is used (consecutive pixels across the warp: conflict-free),
-  // then two 16-byte stores. Channels past the group's, which the box may
-  // read from the next group, become zeros.
+  // Rounds chunk c's box to TF32 into its interleaved halo (3xTF32: splits
+  // it into the big and small halos): per step one pixel's 8 channels (two
+  // planes), all eight 4-byte loads issued before the first is used
+  // (consecutive pixels across the warp: conflict-free), then 16-byte
+  // stores. Channels past the group's, which the box may read from the
+  // next group, become zeros.
   auto convert_halo = [&](const Item& it, int chunk, int64_t c) {
     if (!it.valid) return;
     mbarrier_wait(&halo_full, static_cast<uint32_t>(c & 1));
-    float4* dst = reinterpret_cast<float4*>(smem + halo_at(static_cast<int>(c & 1)));
+    float4* dst = reinterpret_cast<float4*>(smem + halo_at(kSplit ? 0 : static_cast<int>(c & 1)));
+    float4* dst_small = reinterpret_cast<float4*>(smem + halo_at(1));
     const int c0 = chunk * 8 * L.ksteps;
     const int shift = it.iw0 & 3;
     const int channel_floats = L.halo_rows * box_cols;
@@ -205,16 +214,33 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
       for (int e = 0; e < 8; ++e) ok[e] = c0 + pair * 8 + e < cin_g;
       const float* src = box + pair * 8 * channel_floats + shift;
       float4* out = dst + 2 * pair * hp;
+      float4* out_small = dst_small + 2 * pair * hp;
 #pragma unroll 1
       for (int i = threadIdx.x; i < box_pixels; i += cfg::kThreads) {
         const int at = (i >> log2_pitch) * box_cols + (i & (pitch - 1));
         float v[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = src[e * channel_floats + at];
+        if constexpr (kSplit) {
+          uint32_t big[8], small[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = ok[e] ? __uint_as_float(tf32_round(v[e])) : 0.f;
-        out[i] = make_float4(v[0], v[1], v[2], v[3]);
-        out[hp + i] = make_float4(v[4], v[5], v[6], v[7]);
+          for (int e = 0; e < 8; ++e) {
+            tf32_split(ok[e] ? v[e] : 0.f, big[e], small[e]);
+          }
+          out[i] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]),
+                               __uint_as_float(big[2]), __uint_as_float(big[3]));
+          out[hp + i] = make_float4(__uint_as_float(big[4]), __uint_as_float(big[5]),
+                                    __uint_as_float(big[6]), __uint_as_float(big[7]));
+          out_small[i] = make_float4(__uint_as_float(small[0]), __uint_as_float(small[1]),
+                                     __uint_as_float(small[2]), __uint_as_float(small[3]));
+          out_small[hp + i] = make_float4(__uint_as_float(small[4]), __uint_as_float(small[5]),
+                                          __uint_as_float(small[6]), __uint_as_float(small[7]));
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = ok[e] ? __uint_as_float(tf32_round(v[e])) : 0.f;
+          out[i] = make_float4(v[0], v[1], v[2], v[3]);
+          out[hp + i] = make_float4(v[4], v[5], v[6], v[7]);
+        }
       }
     }
   };
@@ -232,13 +258,15 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     const int s1 = position(1, stages, ahead);
     start_weights(item_ahead(ahead), s1, 1);
   }
-  convert_halo(it, 0, 0);
-  fence_proxy_async_smem();  // wgmma reads what the threads stored
-  __syncthreads();
-  if (threadIdx.x == 0) {  // the box is free again
-    int ahead;
-    const int c1 = position(1, L.chunks, ahead);
-    start_box(item_ahead(ahead), c1);
+  if constexpr (!kSplit) {  // 3xTF32 rounds each chunk at its start
+    convert_halo(it, 0, 0);
+    fence_proxy_async_smem();  // wgmma reads what the threads stored
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the box is free again
+      int ahead;
+      const int c1 = position(1, L.chunks, ahead);
+      start_box(item_ahead(ahead), c1);
+    }
   }
 
   constexpr int kFrags = cfg::kPositions / 8;
@@ -259,22 +287,32 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
       const int64_t q = local * stages + s;
       const int64_t c = local * L.chunks + chunk;
       const int wbuf = static_cast<int>(q & 1);
+      if constexpr (kSplit) {
+        // A chunk's first stage splits its halo; the previous stage's
+        // barrier saw every wgmma that read the old one retire. Then the
+        // box is free and the next chunk starts copying.
+        if (within == 0) {
+          convert_halo(it, chunk, c);
+          fence_proxy_async_smem();  // wgmma reads what the threads stored
+          __syncthreads();
+          if (threadIdx.x == 0) {
+            int ahead;
+            const int chunk1 = position(chunk + 1, L.chunks, ahead);
+            start_box(item_ahead(ahead), chunk1);
+          }
+        }
+      }
       mbarrier_wait(&weights_full[wbuf], static_cast<uint32_t>((q >> 1) & 1));
 
-      const uint32_t halo_addr = smem_addr(smem + halo_at(static_cast<int>(c & 1)));
+      const uint32_t halo_addr =
+          smem_addr(smem + halo_at(kSplit ? 0 : static_cast<int>(c & 1)));
       const uint32_t plane_bytes = 4 * plane_floats;
       const uint32_t w_addr = smem_addr(smem + weights_at(wbuf));
       // Step order: taps in (kernel row, kernel column) order, k8 steps
       // within a tap. `off` is the tap's first halo pixel.
       int off = within * L.rows_per_stage * pitch;
       int kw = 0, k = 0;
-      wgmma_fence();
-#pragma unroll 1
-      for (int t = 0; t < stage_steps; ++t) {
-        const uint64_t desc_a = wgmma_desc(w_addr + t * (4 * step_floats), 1024, 128);
-        const uint64_t desc_b =
-            wgmma_desc(halo_addr + 16 * off + 2 * k * plane_bytes, plane_bytes, 128);
-        wgmma_m64n256k8_tf32_ss(acc, desc_a, desc_b, true);
+      auto next_step = [&] {
         if (++k == L.ksteps) {
           k = 0;
           if (++kw == KW) {
@@ -284,26 +322,81 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
             off += dw;
           }
         }
-      }
-      wgmma_commit();
-      // In a chunk's first stage, while its wgmmas run: the next chunk (of
-      // this item or the next) is rounded into the other halo buffer, whose
-      // last reader (the previous chunk) is done; then the box is free and
-      // the chunk after that starts copying, a chunk ahead of its use.
-      if (within == 0) {
-        int ahead;
-        const int chunk1 = position(chunk + 1, L.chunks, ahead);
-        convert_halo(item_ahead(ahead), chunk1, c + 1);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          const int chunk2 = position(chunk + 2, L.chunks, ahead);
-          start_box(item_ahead(ahead), chunk2);
+      };
+      if constexpr (kSplit) {
+        // This lane's A elements (mma.sync m16n8k8 layout: rows grp and
+        // grp + 8 of the warp's 16, k tig and tig + 4) in the K-major stage.
+        const float* w_lane = smem + weights_at(wbuf) + 4 * (16 * warp + grp) + tig;
+        const uint32_t small_bytes = 4 * halo_floats;  // the small halo, after the big
+#pragma unroll 1
+        for (int t = 0; t < stage_steps; ++t) {
+          const float* a_src = w_lane + t * step_floats;
+          uint32_t a_big[4], a_small[4];
+          tf32_split(a_src[0], a_big[0], a_small[0]);
+          tf32_split(a_src[32], a_big[1], a_small[1]);
+          tf32_split(a_src[256], a_big[2], a_small[2]);
+          tf32_split(a_src[288], a_big[3], a_small[3]);
+          const uint32_t b_addr = halo_addr + 16 * off + 2 * k * plane_bytes;
+          // Quarter j (positions 64j..64j+63) into tmp[j & 1]; quarter j - 1
+          // is added while j runs. Small products first, then big*big.
+          float tmp[2][8][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint64_t big = wgmma_desc(b_addr + 1024 * j, plane_bytes, 128);
+            const uint64_t small = wgmma_desc(b_addr + small_bytes + 1024 * j, plane_bytes, 128);
+            wgmma_fence();
+            wgmma_m64n64k8_tf32(tmp[j & 1], a_small, big, false);
+            wgmma_m64n64k8_tf32(tmp[j & 1], a_big, small, true);
+            wgmma_m64n64k8_tf32(tmp[j & 1], a_big, big, true);
+            wgmma_commit();
+            if (j > 0) {
+              wgmma_wait<1>();
+              wgmma_fence_operands(tmp[(j - 1) & 1]);
+#pragma unroll
+              for (int f = 0; f < 8; ++f)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[8 * (j - 1) + f][e] += tmp[(j - 1) & 1][f][e];
+            }
+          }
+          wgmma_wait<0>();
+          wgmma_fence_operands(tmp[1]);
+#pragma unroll
+          for (int f = 0; f < 8; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[24 + f][e] += tmp[1][f][e];
+          next_step();
         }
+        __syncthreads();
+      } else {
+        wgmma_fence();
+#pragma unroll 1
+        for (int t = 0; t < stage_steps; ++t) {
+          const uint64_t desc_a = wgmma_desc(w_addr + t * (4 * step_floats), 1024, 128);
+          const uint64_t desc_b =
+              wgmma_desc(halo_addr + 16 * off + 2 * k * plane_bytes, plane_bytes, 128);
+          wgmma_m64n256k8_tf32_ss(acc, desc_a, desc_b, true);
+          next_step();
+        }
+        wgmma_commit();
+        // In a chunk's first stage, while its wgmmas run: the next chunk (of
+        // this item or the next) is rounded into the other halo buffer, whose
+        // last reader (the previous chunk) is done; then the box is free and
+        // the chunk after that starts copying, a chunk ahead of its use.
+        if (within == 0) {
+          int ahead;
+          const int chunk1 = position(chunk + 1, L.chunks, ahead);
+          convert_halo(item_ahead(ahead), chunk1, c + 1);
+          __syncthreads();
+          if (threadIdx.x == 0) {
+            const int chunk2 = position(chunk + 2, L.chunks, ahead);
+            start_box(item_ahead(ahead), chunk2);
+          }
+        }
+        wgmma_wait<0>();
+        wgmma_fence_operands(acc);
+        fence_proxy_async_smem();  // the next chunk's halo, for wgmma
+        __syncthreads();
       }
-      wgmma_wait<0>();
-      wgmma_fence_operands(acc);
-      fence_proxy_async_smem();  // the next chunk's halo, for wgmma
-      __syncthreads();
       // Stage q is done everywhere: its weight buffer can be refilled.
       if (threadIdx.x == 0) {
         int ahead;
@@ -409,8 +502,10 @@ CUtensorMap input_map(const ConvParams& p, const at::Tensor& x, const cfg::Layou
 }  // namespace
 
 void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const at::Tensor& w,
-                            const float* bias, at::Tensor& y, WeightOrder order) {
-  const cfg::Layout L = cfg::choose_layout(p);
+                            const float* bias, at::Tensor& y, MathMode math,
+                            WeightOrder order) {
+  const bool split = math == MathMode::kIEEE;  // 3xTF32
+  const cfg::Layout L = cfg::choose_layout(p, split);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "sm_90 flat kernel for a problem it does not fit");
   // TMA reads from a 16-byte aligned base (rows are, by the plan); a view
@@ -426,22 +521,28 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_flat_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.ksteps, L.co_tiles,
-      total, order);
+      total, order, /*round=*/!split);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const int64_t items = int64_t(L.tiles_w) * L.tiles_h * p.groups * L.co_tiles * p.batch;
   dispatch_kernel_size(p.kernel_h, p.kernel_w, /*specialise=*/true, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-    auto kernel = fprop_flat_kernel<KH, KW>;
-    ensure_dynamic_smem(kernel, L.smem_bytes);
-    // Persistent: as many blocks as fit on the GPU at once (the layout's
-    // count, without an occupancy query per call).
-    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const unsigned grid = static_cast<unsigned>(
-        std::min<int64_t>(items, int64_t(std::max(cfg::blocks_per_sm(L.smem_bytes), 1)) * sms));
-    kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
-        x_map, p, w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    auto launch = [&](auto kernel) {
+      ensure_dynamic_smem(kernel, L.smem_bytes);
+      // Persistent: as many blocks as fit on the GPU at once (the layout's
+      // count, without an occupancy query per call).
+      const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      const int per_sm = std::max(cfg::blocks_per_sm(L.smem_bytes, split), 1);
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, int64_t(per_sm) * sms));
+      kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
+          x_map, p, w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (split) {
+      launch(fprop_flat_kernel<KH, KW, true>);
+    } else {
+      launch(fprop_flat_kernel<KH, KW, false>);
+    }
   });
 }
 
