@@ -328,44 +328,70 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         // grp + 8 of the warp's 16, k tig and tig + 4) in the K-major stage.
         const float* w_lane = smem + weights_at(wbuf) + 4 * (16 * warp + grp) + tig;
         const uint32_t small_bytes = 4 * halo_floats;  // the small halo, after the big
-#pragma unroll 1
-        for (int t = 0; t < stage_steps; ++t) {
+        // Two steps per temporary: their six products of a quarter go into
+        // one temporary before it is added (half the FADDs and waits of one
+        // step per temporary; a model of the truncating accumulation gives
+        // the same error for one and two steps, and more from three on).
+        // Every group is retired by the end of an iteration: ptxas
+        // serialises all wgmmas when one may be in flight across a loop's
+        // back edge, or across a branch, while its temporary is read.
+        uint32_t a_big[2][4], a_small[2][4];
+        float tmp[2][8][4];
+        auto load_a = [&](int t, uint32_t (&big)[4], uint32_t (&small)[4]) {
           const float* a_src = w_lane + t * step_floats;
-          uint32_t a_big[4], a_small[4];
-          tf32_split(a_src[0], a_big[0], a_small[0]);
-          tf32_split(a_src[32], a_big[1], a_small[1]);
-          tf32_split(a_src[256], a_big[2], a_small[2]);
-          tf32_split(a_src[288], a_big[3], a_small[3]);
-          const uint32_t b_addr = halo_addr + 16 * off + 2 * k * plane_bytes;
-          // Quarter j (positions 64j..64j+63) into tmp[j & 1]; quarter j - 1
-          // is added while j runs. Small products first, then big*big.
-          float tmp[2][8][4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint64_t big = wgmma_desc(b_addr + 1024 * j, plane_bytes, 128);
-            const uint64_t small = wgmma_desc(b_addr + small_bytes + 1024 * j, plane_bytes, 128);
-            wgmma_fence();
-            wgmma_m64n64k8_tf32(tmp[j & 1], a_small, big, false);
-            wgmma_m64n64k8_tf32(tmp[j & 1], a_big, small, true);
-            wgmma_m64n64k8_tf32(tmp[j & 1], a_big, big, true);
-            wgmma_commit();
-            if (j > 0) {
-              wgmma_wait<1>();
-              wgmma_fence_operands(tmp[(j - 1) & 1]);
-#pragma unroll
-              for (int f = 0; f < 8; ++f)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[8 * (j - 1) + f][e] += tmp[(j - 1) & 1][f][e];
-            }
-          }
-          wgmma_wait<0>();
-          wgmma_fence_operands(tmp[1]);
+          tf32_split(a_src[0], big[0], small[0]);
+          tf32_split(a_src[32], big[1], small[1]);
+          tf32_split(a_src[256], big[2], small[2]);
+          tf32_split(a_src[288], big[3], small[3]);
+        };
+        auto add_quarter = [&](float (&d)[8][4], int quarter) {
+          wgmma_fence_operands(d);
 #pragma unroll
           for (int f = 0; f < 8; ++f)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[24 + f][e] += tmp[1][f][e];
-          next_step();
-        }
+            for (int e = 0; e < 4; ++e) acc[8 * quarter + f][e] += d[f][e];
+        };
+        // Steps t .. t + kSteps - 1 (A sets 0, 1): quarter j (positions
+        // 64j..64j+63) into tmp[j & 1], small products first, then
+        // big*big; each quarter's wait retires and adds the one before it.
+        auto steps = [&](auto count, int t) {
+          constexpr int kSteps = decltype(count)::value;
+          uint32_t b_addr[kSteps];
+#pragma unroll
+          for (int i = 0; i < kSteps; ++i) {
+            load_a(t + i, a_big[i], a_small[i]);
+            b_addr[i] = halo_addr + 16 * off + 2 * k * plane_bytes;
+            next_step();
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            wgmma_fence();
+#pragma unroll
+            for (int i = 0; i < kSteps; ++i) {
+              const uint64_t big = wgmma_desc(b_addr[i] + 1024 * j, plane_bytes, 128);
+              const uint64_t small =
+                  wgmma_desc(b_addr[i] + small_bytes + 1024 * j, plane_bytes, 128);
+              wgmma_m64n64k8_tf32(tmp[j & 1], a_small[i], big, i > 0);
+              wgmma_m64n64k8_tf32(tmp[j & 1], a_big[i], small, true);
+            }
+#pragma unroll
+            for (int i = 0; i < kSteps; ++i) {
+              const uint64_t big = wgmma_desc(b_addr[i] + 1024 * j, plane_bytes, 128);
+              wgmma_m64n64k8_tf32(tmp[j & 1], a_big[i], big, true);
+            }
+            wgmma_commit();
+            if (j > 0) {
+              wgmma_wait<1>();
+              add_quarter(tmp[(j - 1) & 1], j - 1);
+            }
+          }
+          wgmma_wait<0>();
+          add_quarter(tmp[1], 3);
+        };
+        int t = 0;
+#pragma unroll 1
+        for (; t + 1 < stage_steps; t += 2) steps(Int<2>{}, t);
+        if (t < stage_steps) steps(Int<1>{}, t);  // an odd last step
         __syncthreads();
       } else {
         wgmma_fence();
