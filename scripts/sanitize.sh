@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (17 tests):
+# Default subset (20 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -14,7 +14,8 @@
 #   the dgrad that runs on it and the tensor-core wgrad on cases 16 (5x9)
 #   and 18 (3x3, partial channel tile), TF32 and IEEE modes; the flat sm_90
 #   forward and dgrad on cases 25 (dilated 5x9, several column tiles) and
-#   28 (1x1, several k8 steps per chunk, partial chunk), TF32 mode;
+#   28 (1x1, several k8 steps per chunk, partial chunk), TF32 and IEEE
+#   (3xTF32) modes;
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
 #   blocks;
@@ -22,7 +23,8 @@
 #   mode (the small-channel kernels are FFMA in both modes), forward, dgrad
 #   and wgrad of one case: the depthwise kernels on cases 0 (3x3), 1 (3x3,
 #   depth multiplier 2, stride 2) and 7 (generic 3x5, multiplier 2, stride
-#   (2, 1)); the few-channel kernels on case 13 (RGB stem, 7x7, stride 2).
+#   (2, 1)); the few-channel kernels on case 13 (RGB stem, 7x7, stride 2);
+#   the narrow tile with 4 output channels per group on case 24.
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -41,12 +43,14 @@ else
     tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[ieee-case$c]")
   done
   for c in 25 28; do
-    tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[tf32-case$c]")
+    for mode in tf32 ieee; do
+      tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[$mode-case$c]")
+    done
   done
   for mode in ieee tf32; do
     tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
   done
-  for c in 0 1 7 13; do
+  for c in 0 1 7 13 24; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
   done
 fi
