@@ -76,6 +76,7 @@ SUITE = {
     "c": Shape(8, 64, 128, 512, 1024, (3, 3), padding=(1, 1)),
     "resnet_3x3": Shape(64, 64, 64, 56, 56, (3, 3), padding=(1, 1)),
     "resnet_1x1": Shape(64, 256, 64, 56, 56, (1, 1)),
+    "resnet_down": Shape(64, 128, 256, 56, 56, (3, 3), stride=(2, 2), padding=(1, 1)),
     "stem_7x7": Shape(32, 3, 64, 224, 224, (7, 7), stride=(2, 2), padding=(3, 3)),
     "depthwise_3x3": Shape(32, 128, 128, 112, 112, (3, 3), padding=(1, 1), groups=128),
     "grouped_3x3": Shape(32, 128, 128, 56, 56, (3, 3), padding=(1, 1), groups=32),

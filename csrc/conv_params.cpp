@@ -3,10 +3,12 @@
 // nn.Conv2d sees familiar errors.
 #include "conv_params.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <initializer_list>
 #include <limits>
+#include <numeric>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -258,6 +260,73 @@ bool dgrad_is_fprop(const ConvParams& p) {
   };
   return dim_ok(p.in_h, p.out_h, p.kernel_h, p.stride_h, p.pad_h, p.dilation_h) &&
          dim_ok(p.in_w, p.out_w, p.kernel_w, p.stride_w, p.pad_w, p.dilation_w);
+}
+
+namespace {
+
+// One dimension of a dgrad phase: the input positions r, r + s, ...
+struct PhaseDim {
+  int64_t count = 0;       // input positions of the phase
+  int64_t taps = 0;        // kernel taps that reach them
+  int64_t last = 0, step = 1, dilation = 1, pad = 0;
+};
+
+PhaseDim phase_dim(int64_t r, int64_t in, int64_t kernel, int64_t stride, int64_t pad,
+                   int64_t dilation) {
+  PhaseDim d;
+  d.count = (in - r + stride - 1) / stride;
+  const int64_t g = std::gcd(stride, dilation);
+  d.step = stride / g;
+  d.dilation = dilation / g;
+  // Tap k reaches output (r + pad - k * dilation) / stride when that is
+  // exact; the valid taps repeat every `step`.
+  for (int64_t k = 0; k < std::min(kernel, d.step); ++k) {
+    if (((r + pad - k * dilation) % stride + stride) % stride == 0) {
+      d.taps = (kernel - 1 - k) / d.step + 1;
+      d.last = k + (d.taps - 1) * d.step;
+      // The last tap reads the lowest grad_output offset, -pad of the forward.
+      d.pad = -((r + pad - d.last * dilation) / stride);
+      break;
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+std::vector<DgradPhase> dgrad_phases(const ConvParams& p) {
+  std::vector<DgradPhase> phases;
+  for (int64_t r = 0; r < std::min(p.stride_h, p.in_h); ++r) {
+    const PhaseDim h = phase_dim(r, p.in_h, p.kernel_h, p.stride_h, p.pad_h, p.dilation_h);
+    for (int64_t c = 0; c < std::min(p.stride_w, p.in_w); ++c) {
+      const PhaseDim w = phase_dim(c, p.in_w, p.kernel_w, p.stride_w, p.pad_w, p.dilation_w);
+      DgradPhase ph;
+      ph.row0 = r;
+      ph.col0 = c;
+      ph.kh_last = h.last;
+      ph.kh_step = h.step;
+      ph.kw_last = w.last;
+      ph.kw_step = w.step;
+      ConvParams& f = ph.fprop;
+      f = p;
+      f.in_channels = p.out_channels;
+      f.in_h = p.out_h;
+      f.in_w = p.out_w;
+      f.out_channels = p.in_channels;
+      f.out_h = h.count;
+      f.out_w = w.count;
+      f.kernel_h = h.taps;
+      f.kernel_w = w.taps;
+      f.stride_h = f.stride_w = 1;
+      f.pad_h = h.pad;
+      f.pad_w = w.pad;
+      f.dilation_h = h.dilation;
+      f.dilation_w = w.dilation;
+      if (h.taps > 0 && w.taps > 0 && (h.pad < 0 || w.pad < 0)) return {};
+      phases.push_back(ph);
+    }
+  }
+  return phases;
 }
 
 ConvParams dgrad_as_fprop(const ConvParams& p) {

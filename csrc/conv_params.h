@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
@@ -64,6 +65,29 @@ bool dgrad_is_fprop(const ConvParams& p);
 // The forward problem that computes dgrad of `p` (dgrad_is_fprop(p)): its
 // input is grad_output, its output grad_input.
 ConvParams dgrad_as_fprop(const ConvParams& p);
+
+// dgrad at stride > 1 by phase, as CUTLASS's strided dgrad: the input
+// pixels of one phase (row = row0 mod stride_h, column = col0 mod
+// stride_w) are reached only by the taps whose offset lands on the stride
+// grid, and those read grad_output at unit stride. Each phase is thus a
+// forward over grad_output with a sub-kernel (every stride/gcd(stride,
+// dilation)-th tap, dilation/gcd apart), and no multiply-add touches the
+// zeros a stride inserts.
+struct DgradPhase {
+  int64_t row0 = 0, col0 = 0;  // the phase's first input row and column
+  // Sub-kernel row u is kernel row kh_last - u * kh_step (ascending
+  // grad_output offsets); columns likewise.
+  int64_t kh_last = 0, kh_step = 1, kw_last = 0, kw_step = 1;
+  // The phase as a forward: grad_output in, the phase's input pixels out
+  // (groups as the layer's, weight each group's transposed sub-kernel).
+  // kernel_h or kernel_w 0: no tap reaches the phase (its gradient is 0).
+  ConvParams fprop;
+};
+
+// The phases of dgrad of `p`, or none where one would need negative
+// padding (padding beyond the kernel's reach), which the forward does not
+// take.
+std::vector<DgradPhase> dgrad_phases(const ConvParams& p);
 
 // Output extent of one spatial dimension, as nn.Conv2d defines it.
 inline int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride,

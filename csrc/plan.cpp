@@ -97,6 +97,9 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
     // The forward kernels run dgrad_as_fprop(p); kDirect here means the
     // direct dgrad kernel, not the forward one.
     plan.algo = fprop_algo(dgrad_as_fprop(p), plan.math, sm);
+  } else if (pass == Pass::kDgrad && sm >= 80 && tensor_core_channels(p) &&
+             (p.stride_h > 1 || p.stride_w > 1) && !dgrad_phases(p).empty()) {
+    plan.algo = Algo::kDgradPhases;
   } else if (pass == Pass::kWgrad && sm >= 80 && tensor_core_channels(p) &&
              igemm_wgrad::fits(p, plan.math == MathMode::kIEEE, sm)) {
     plan.algo = Algo::kImplicitGemm;  // mma.sync on every GPU for now, Hopper too
@@ -146,6 +149,8 @@ const char* to_string(Algo algo) {
       return "depthwise";
     case Algo::kFewChannels:
       return "few_channels";
+    case Algo::kDgradPhases:
+      return "dgrad_phases";
   }
   return "?";
 }

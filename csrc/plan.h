@@ -22,11 +22,14 @@ enum class Algo {
   kDirect,        // FFMA direct convolution: every dtype, every shape, every GPU
   kImplicitGemm,  // tensor-core implicit GEMM (float32, sm_80+): TF32 or 3xTF32
   kImplicitGemmSm90,  // the same tiles on Hopper's wgmma (sm_90a code): TF32 or 3xTF32
-  kImplicitGemmSm90Flat,  // wgmma with pixels as N, halo channel-interleaved (TF32, unit stride)
+  kImplicitGemmSm90Flat,  // wgmma with pixels as N, halo channel-interleaved (unit stride)
   // Direct kernels around memory traffic for at most 4 input channels per
   // group (float32, sm_80+), FP32-accurate in both modes:
-  kDepthwise,    // 1 input and at most 2 output channels per group
+  kDepthwise,    // 1 input and at most 4 output channels per group
   kFewChannels,  // the others (RGB stems)
+  // dgrad at stride > 1 (float32, sm_80+): one forward per stride phase of
+  // the input, each on the kernel the forward's plan picks for it.
+  kDgradPhases,
 };
 
 struct Plan {

@@ -55,6 +55,17 @@ TENSOR_CORE = [
     # dgrad) and the columns' is asymmetric in the forward dgrad becomes.
     (2, 16, 6, 21, 24, (1, 3), 1, (1, 0), 1, 1, False),
     (1, 24, 9, 30, 8, (3, 5), 1, (2, 1), (1, 2), 1, True),
+    # Strided dgrad runs phase by phase on the forward kernels: stride 2 with
+    # groups and odd sizes; 1x1 at stride 2 (phases no tap reaches); stride
+    # 2 with dilation 3 (a sub-kernel of two taps 3 apart) and stride 2 with
+    # dilation 2 (every tap in one phase); grad_output rows of a multiple of 4 (the
+    # flat kernel); padding past the kernel's reach (direct dgrad).
+    (2, 16, 15, 33, 24, (3, 3), 2, 1, 1, 2, True),
+    (1, 16, 9, 20, 32, (1, 1), 2, 0, 1, 1, False),
+    (1, 8, 17, 26, 16, (3, 3), 2, 3, 3, 1, True),
+    (1, 8, 14, 30, 8, (3, 3), 2, 2, 2, 1, False),
+    (1, 16, 20, 136, 16, (3, 3), 2, 1, 1, 1, True),
+    (1, 8, 10, 12, 8, (1, 1), 2, 1, 1, 1, True),
 ]
 
 
@@ -166,6 +177,20 @@ def _flat_takes(width, dilation_h):
     return width % 4 == 0 and dilation_h <= 8
 
 
+def _dgrad_phases_ok(case):
+    """Strided dgrad runs phase by phase unless a phase would need negative
+    padding: tap k reaches input phase r when (r + pad - k*dilation) is a
+    multiple of the stride, and the last such tap must not read past the
+    first grad_output row."""
+    _, _, h, w, _, k, stride, padding, dilation, _, _ = case
+    for size, kk, s, p, d in zip((h, w), k, _pair(stride), _pair(padding), _pair(dilation)):
+        for r in range(min(s, size)):
+            taps = [t for t in range(kk) if (r + p - t * d) % s == 0]
+            if taps and (r + p - taps[-1] * d) // s > 0:
+                return False
+    return _pair(stride) != (1, 1)
+
+
 def _dgrad_is_fprop(case):
     """dgrad runs as a forward pass: unit stride, padding <= dilation*(K-1)."""
     _, _, _, _, _, k, stride, padding, dilation, _, _ = case
@@ -177,9 +202,10 @@ def _dgrad_is_fprop(case):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     """The TENSOR_CORE cases test what they claim: on sm_80+ the plan sends
-    every forward, every dgrad that is a forward pass and every wgrad to a
-    tensor-core kernel; forward and dgrad on sm_90 to wgmma when the build
-    has sm_90a code: the flat kernel at unit stride, in both modes."""
+    every forward, every dgrad that is a forward pass (unit stride) or a
+    forward per stride phase, and every wgrad to a tensor-core kernel;
+    forward and unit-stride dgrad on sm_90 to wgmma when the build has sm_90a
+    code: the flat kernel, in both modes."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
@@ -203,7 +229,10 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         assert algo == expected, f"{case} forward: {algo}, expected {expected}"
         algo = torch.ops.conv2d_ext._algorithm("backward_input", x, wt, *geometry)
         # dgrad's forward reads grad_output, as wide as the layer's output.
-        expected = expect(_out_width(case)) if _dgrad_is_fprop(case) else "direct"
+        if _dgrad_is_fprop(case):
+            expected = expect(_out_width(case))
+        else:
+            expected = "dgrad_phases" if _dgrad_phases_ok(case) else "direct"
         assert algo == expected, f"{case} backward_input: {algo}, expected {expected}"
         # wgrad: mma.sync on every GPU, Hopper included.
         algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)

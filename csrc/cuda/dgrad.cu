@@ -1,6 +1,7 @@
 // Backward-data pass (dgrad) on CUDA. Where dgrad is a forward pass (unit
 // stride: dgrad_is_fprop), the plan sends it to the tensor-core forward
-// kernels on the transposed, rotated weight; everything else runs the
+// kernels on the transposed, rotated weight; at stride > 1, to one forward
+// per stride phase of the input (dgrad_phases); everything else runs the
 // direct convolution on FFMA below.
 //
 // GEMM view per group: M = N*H*W input pixels, N = Cin/groups input
@@ -17,6 +18,7 @@
 #include "../plan.h"
 #include "../tile_config.h"
 #include "common.cuh"
+#include "fprop.h"
 #include "fprop_implicit_gemm.h"
 #include "kernel_sizes.cuh"
 #include "small_channels.h"
@@ -165,6 +167,39 @@ void launch_dgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
   });
 }
 
+// Strided dgrad, phase by phase: each phase's forward writes a compact
+// tensor, copied into its strided slice of grad_input (an extra pass over
+// grad_input: the forward kernels write dense outputs only).
+void launch_dgrad_phases(const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
+                         at::Tensor& grad_in) {
+  const int64_t cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
+  // Each group's weight transposed (input and output channels swapped) and
+  // flipped, so that a phase's sub-kernel is a strided slice of it.
+  const at::Tensor flipped = w.view({p.groups, cout_g, cin_g, p.kernel_h, p.kernel_w})
+                                 .transpose(1, 2)
+                                 .reshape({p.in_channels, cout_g, p.kernel_h, p.kernel_w})
+                                 .flip({2, 3});
+  for (const DgradPhase& ph : dgrad_phases(p)) {
+    const ConvParams& f = ph.fprop;
+    at::Tensor dst = grad_in.slice(2, ph.row0, p.in_h, p.stride_h)
+                         .slice(3, ph.col0, p.in_w, p.stride_w);
+    if (f.kernel_h == 0 || f.kernel_w == 0) {
+      dst.zero_();
+      continue;
+    }
+    // Sub-kernel tap u is kernel row kh_last - u * kh_step: flipped row
+    // KH - 1 - kh_last + u * kh_step.
+    const at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
+                               .slice(3, p.kernel_w - 1 - ph.kw_last, p.kernel_w, ph.kw_step)
+                               .contiguous();
+    TORCH_CHECK(sub.size(2) == f.kernel_h && sub.size(3) == f.kernel_w,
+                "conv2d_ext: internal error: dgrad phase sub-kernel ", sub.sizes());
+    at::Tensor y = at::empty({p.batch, p.in_channels, f.out_h, f.out_w}, grad_in.options());
+    launch_fprop(f, go, sub, at::Tensor(), y);
+    dst.copy_(y);
+  }
+}
+
 at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
                                       const at::Tensor& weight,
                                       c10::IntArrayRef input_size,
@@ -197,6 +232,9 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
             } else {
               launch_dgrad_small_channels(p, go, w, grad_in);
             }
+            return;
+          case Algo::kDgradPhases:  // float32 only
+            launch_dgrad_phases(p, go, w, grad_in);
             return;
           case Algo::kDirect:
             AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_dgrad", [&] {

@@ -17,6 +17,7 @@
 #include "../pass_entry.h"
 #include "../plan.h"
 #include "common.cuh"
+#include "fprop.h"
 #include "fprop_implicit_gemm.h"
 #include "kernel_sizes.cuh"
 #include "small_channels.h"
@@ -150,41 +151,41 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias,
                        c10::IntArrayRef stride, c10::IntArrayRef padding,
                        c10::IntArrayRef dilation, int64_t groups) {
-  return fprop_entry(
-      input, weight, bias, stride, padding, dilation, groups,
-      [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-         const at::Tensor& b, at::Tensor& y) {
-        const Plan plan =
-            choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm());
-        switch (plan.algo) {
-          case Algo::kImplicitGemm:
-          case Algo::kImplicitGemmSm90:  // float32 only
-            launch_fprop_implicit_gemm(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr,
-                                       y, plan.math, plan.algo == Algo::kImplicitGemmSm90,
-                                       WeightOrder::kFprop);
-            return;
-          case Algo::kImplicitGemmSm90Flat:
-            launch_fprop_sm90_flat(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
-                                   plan.math, WeightOrder::kFprop);
-            return;
-          case Algo::kDepthwise:
-          case Algo::kFewChannels:  // float32 only
-            launch_fprop_small_channels(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
-                                        WeightOrder::kFprop);
-            return;
-          case Algo::kDirect:
-            AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {
-              launch_fprop_direct<scalar_t>(
-                  p, x, w, b.defined() ? b.data_ptr<scalar_t>() : nullptr, y);
-            });
-            return;
-        }
-        TORCH_CHECK(false, "conv2d_ext: no CUDA fprop kernel for algorithm ",
-                    to_string(plan.algo));
-      });
+  return fprop_entry(input, weight, bias, stride, padding, dilation, groups, launch_fprop);
 }
 
 }  // namespace
+
+void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+                  const at::Tensor& b, at::Tensor& y) {
+  const Plan plan = choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm());
+  switch (plan.algo) {
+    case Algo::kImplicitGemm:
+    case Algo::kImplicitGemmSm90:  // float32 only
+      launch_fprop_implicit_gemm(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
+                                 plan.math, plan.algo == Algo::kImplicitGemmSm90,
+                                 WeightOrder::kFprop);
+      return;
+    case Algo::kImplicitGemmSm90Flat:
+      launch_fprop_sm90_flat(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
+                             plan.math, WeightOrder::kFprop);
+      return;
+    case Algo::kDepthwise:
+    case Algo::kFewChannels:  // float32 only
+      launch_fprop_small_channels(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
+                                  WeightOrder::kFprop);
+      return;
+    case Algo::kDirect:
+      AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {
+        launch_fprop_direct<scalar_t>(p, x, w, b.defined() ? b.data_ptr<scalar_t>() : nullptr,
+                                      y);
+      });
+      return;
+    case Algo::kDgradPhases:
+      break;  // a dgrad algorithm
+  }
+  TORCH_CHECK(false, "conv2d_ext: no CUDA fprop kernel for algorithm ", to_string(plan.algo));
+}
 
 std::string algorithm_cuda(const std::string& pass, const at::Tensor& input,
                            const at::Tensor& weight, c10::IntArrayRef stride,

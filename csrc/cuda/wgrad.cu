@@ -199,6 +199,7 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
             return;
           case Algo::kImplicitGemmSm90:
           case Algo::kImplicitGemmSm90Flat:
+          case Algo::kDgradPhases:
             break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA wgrad kernel for algorithm ",

@@ -1,0 +1,18 @@
+// The forward's kernel choice and launch, shared by the forward op and by
+// strided dgrad, whose phases are forwards over grad_output.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "../conv_params.h"
+
+namespace conv2d_ext {
+namespace cuda {
+
+// y = conv(x, w) + b (b may be undefined) on the kernel the plan picks for
+// `p`; x, w, b contiguous, y contiguous and allocated.
+void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+                  const at::Tensor& b, at::Tensor& y);
+
+}  // namespace cuda
+}  // namespace conv2d_ext
