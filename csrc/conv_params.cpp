@@ -269,6 +269,7 @@ struct PhaseDim {
   int64_t count = 0;       // input positions of the phase
   int64_t taps = 0;        // kernel taps that reach them
   int64_t last = 0, step = 1, dilation = 1, pad = 0;
+  int64_t lead = 0;        // zero taps in front, for a padding of at least 0
 };
 
 PhaseDim phase_dim(int64_t r, int64_t in, int64_t kernel, int64_t stride, int64_t pad,
@@ -284,8 +285,11 @@ PhaseDim phase_dim(int64_t r, int64_t in, int64_t kernel, int64_t stride, int64_
     if (((r + pad - k * dilation) % stride + stride) % stride == 0) {
       d.taps = (kernel - 1 - k) / d.step + 1;
       d.last = k + (d.taps - 1) * d.step;
-      // The last tap reads the lowest grad_output offset, -pad of the forward.
-      d.pad = -((r + pad - d.last * dilation) / stride);
+      // The last tap reads the lowest grad_output offset, -pad of the
+      // forward; zero taps in front bring a positive offset down to 0 or less.
+      const int64_t offset = (r + pad - d.last * dilation) / stride;
+      d.lead = offset > 0 ? (offset + d.dilation - 1) / d.dilation : 0;
+      d.pad = d.lead * d.dilation - offset;
       break;
     }
   }
@@ -305,8 +309,10 @@ std::vector<DgradPhase> dgrad_phases(const ConvParams& p) {
       ph.col0 = c;
       ph.kh_last = h.last;
       ph.kh_step = h.step;
+      ph.kh_lead = h.lead;
       ph.kw_last = w.last;
       ph.kw_step = w.step;
+      ph.kw_lead = w.lead;
       ConvParams& f = ph.fprop;
       f = p;
       f.in_channels = p.out_channels;
@@ -315,14 +321,13 @@ std::vector<DgradPhase> dgrad_phases(const ConvParams& p) {
       f.out_channels = p.in_channels;
       f.out_h = h.count;
       f.out_w = w.count;
-      f.kernel_h = h.taps;
-      f.kernel_w = w.taps;
+      f.kernel_h = h.taps > 0 ? h.lead + h.taps : 0;
+      f.kernel_w = w.taps > 0 ? w.lead + w.taps : 0;
       f.stride_h = f.stride_w = 1;
       f.pad_h = h.pad;
       f.pad_w = w.pad;
       f.dilation_h = h.dilation;
       f.dilation_w = w.dilation;
-      if (h.taps > 0 && w.taps > 0 && (h.pad < 0 || w.pad < 0)) return {};
       phases.push_back(ph);
     }
   }

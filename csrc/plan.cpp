@@ -98,7 +98,7 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
     // direct dgrad kernel, not the forward one.
     plan.algo = fprop_algo(dgrad_as_fprop(p), plan.math, sm);
   } else if (pass == Pass::kDgrad && sm >= 80 && tensor_core_channels(p) &&
-             (p.stride_h > 1 || p.stride_w > 1) && !dgrad_phases(p).empty()) {
+             (p.stride_h > 1 || p.stride_w > 1)) {
     plan.algo = Algo::kDgradPhases;
   } else if (pass == Pass::kWgrad && sm >= 80 && tensor_core_channels(p) &&
              igemm_wgrad::fits(p, plan.math == MathMode::kIEEE, sm)) {

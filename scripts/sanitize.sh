@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (22 tests):
+# Default subset (23 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -16,7 +16,8 @@
 #   forward and dgrad on cases 25 (dilated 5x9, several column tiles) and
 #   28 (1x1, several k8 steps per chunk, partial chunk), TF32 and IEEE
 #   (3xTF32) modes; strided dgrad phase by phase on cases 31 (stride 2,
-#   groups) and 35 (stride 2, phases on the flat kernel), IEEE mode;
+#   groups), 35 (stride 2, phases on the flat kernel) and 37 (stride 3: a
+#   phase no tap reaches, a zero tap in front of another), IEEE mode;
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
 #   blocks;
@@ -48,7 +49,7 @@ else
       tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[$mode-case$c]")
     done
   done
-  for c in 31 35; do
+  for c in 31 35 37; do
     tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[ieee-case$c]")
   done
   for mode in ieee tf32; do

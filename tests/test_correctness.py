@@ -57,15 +57,18 @@ TENSOR_CORE = [
     (1, 24, 9, 30, 8, (3, 5), 1, (2, 1), (1, 2), 1, True),
     # Strided dgrad runs phase by phase on the forward kernels: stride 2 with
     # groups and odd sizes; 1x1 at stride 2 (phases no tap reaches); stride
-    # 2 with dilation 3 (a sub-kernel of two taps 3 apart) and stride 2 with
-    # dilation 2 (every tap in one phase); grad_output rows of a multiple of 4 (the
-    # flat kernel); padding past the kernel's reach (direct dgrad).
+    # 2 with dilation 3 (a sub-kernel of two taps 3 apart) and with dilation
+    # 2 (every tap in one phase); grad_output rows of a multiple of 4 (the
+    # flat kernel); padding past the kernel's reach (a zero tap in front of
+    # a phase's sub-kernel); stride 3 (a phase no tap reaches, one with a
+    # zero tap in front).
     (2, 16, 15, 33, 24, (3, 3), 2, 1, 1, 2, True),
     (1, 16, 9, 20, 32, (1, 1), 2, 0, 1, 1, False),
     (1, 8, 17, 26, 16, (3, 3), 2, 3, 3, 1, True),
     (1, 8, 14, 30, 8, (3, 3), 2, 2, 2, 1, False),
     (1, 16, 20, 136, 16, (3, 3), 2, 1, 1, 1, True),
     (1, 8, 10, 12, 8, (1, 1), 2, 1, 1, 1, True),
+    (1, 16, 19, 32, 8, (2, 2), 3, 1, 1, 1, True),
 ]
 
 
@@ -177,20 +180,6 @@ def _flat_takes(width, dilation_h):
     return width % 4 == 0 and dilation_h <= 8
 
 
-def _dgrad_phases_ok(case):
-    """Strided dgrad runs phase by phase unless a phase would need negative
-    padding: tap k reaches input phase r when (r + pad - k*dilation) is a
-    multiple of the stride, and the last such tap must not read past the
-    first grad_output row."""
-    _, _, h, w, _, k, stride, padding, dilation, _, _ = case
-    for size, kk, s, p, d in zip((h, w), k, _pair(stride), _pair(padding), _pair(dilation)):
-        for r in range(min(s, size)):
-            taps = [t for t in range(kk) if (r + p - t * d) % s == 0]
-            if taps and (r + p - taps[-1] * d) // s > 0:
-                return False
-    return _pair(stride) != (1, 1)
-
-
 def _dgrad_is_fprop(case):
     """dgrad runs as a forward pass: unit stride, padding <= dilation*(K-1)."""
     _, _, _, _, _, k, stride, padding, dilation, _, _ = case
@@ -231,8 +220,8 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         # dgrad's forward reads grad_output, as wide as the layer's output.
         if _dgrad_is_fprop(case):
             expected = expect(_out_width(case))
-        else:
-            expected = "dgrad_phases" if _dgrad_phases_ok(case) else "direct"
+        else:  # one forward per stride phase; padding past the reach: direct
+            expected = "dgrad_phases" if _pair(stride) != (1, 1) else "direct"
         assert algo == expected, f"{case} backward_input: {algo}, expected {expected}"
         # wgrad: mma.sync on every GPU, Hopper included.
         algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)

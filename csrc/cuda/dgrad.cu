@@ -187,11 +187,14 @@ void launch_dgrad_phases(const ConvParams& p, const at::Tensor& go, const at::Te
       dst.zero_();
       continue;
     }
-    // Sub-kernel tap u is kernel row kh_last - u * kh_step: flipped row
-    // KH - 1 - kh_last + u * kh_step.
-    const at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
-                               .slice(3, p.kernel_w - 1 - ph.kw_last, p.kernel_w, ph.kw_step)
-                               .contiguous();
+    // Sub-kernel row kh_lead + u is kernel row kh_last - u * kh_step:
+    // flipped row KH - 1 - kh_last + u * kh_step; the lead rows are zeros.
+    at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
+                         .slice(3, p.kernel_w - 1 - ph.kw_last, p.kernel_w, ph.kw_step);
+    if (ph.kh_lead > 0 || ph.kw_lead > 0) {
+      sub = at::constant_pad_nd(sub, {ph.kw_lead, 0, ph.kh_lead, 0}, 0);
+    }
+    sub = sub.contiguous();
     TORCH_CHECK(sub.size(2) == f.kernel_h && sub.size(3) == f.kernel_w,
                 "conv2d_ext: internal error: dgrad phase sub-kernel ", sub.sizes());
     at::Tensor y = at::empty({p.batch, p.in_channels, f.out_h, f.out_w}, grad_in.options());
