@@ -8,13 +8,14 @@
 //
 // 3xTF32 (IEEE mode, kSplit): the tensor cores truncate as they
 // accumulate, so each k8 step's small*big + big*small + big*big goes into
-// a zeroed temporary that is added to the accumulators with FADDs. A
-// temporary of the whole 256-position tile would not fit next to it, so a
-// step runs as four m64n64k8 quarters into two alternating 32-register
-// temporaries, with A (the weights) from registers, split once per step.
-// The halo's big and small parts take both halo buffers, so a chunk is
-// rounded at its start instead of under the previous chunk (two blocks per
-// SM overlap that).
+// a zeroed temporary that is added to the accumulators with FADDs (two
+// steps per temporary: the error of one). A temporary of the whole
+// 256-position tile would not fit next to them, so two steps run as four
+// m64n64k8 quarters, each quarter's six products into one of two
+// alternating 32-register temporaries, with A (the weights) from registers,
+// split as loaded. The halo's big and small parts take both halo buffers,
+// so a chunk is split at its start instead of under the previous chunk
+// (two blocks per SM overlap that).
 //
 // wgmma reads TF32 B only K-major, so the halo of a chunk of input channels
 // is stored channel-interleaved, [4-channel plane][pixel][4 channels], and
@@ -33,7 +34,7 @@
 //   NCHW input ([channels][halo rows][P + 4 columns], zeros outside the
 //   image; dilated rows by the copy's element stride) one chunk ahead; the
 //   block's threads round it to TF32 into the interleaved layout under the
-//   wgmmas of the previous chunk's last stage;
+//   wgmmas of the previous chunk's first stage (TF32 mode);
 // - the weights of a stage (kernel rows of a chunk) arrive by one bulk copy,
 //   two stages ahead;
 // - copies complete on mbarriers; a stage's wgmmas are issued back to back
