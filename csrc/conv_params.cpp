@@ -269,7 +269,7 @@ struct PhaseDim {
   int64_t count = 0;       // input positions of the phase
   int64_t taps = 0;        // kernel taps that reach them
   int64_t last = 0, step = 1, dilation = 1, pad = 0;
-  int64_t lead = 0;        // zero taps in front, for a padding of at least 0
+  int64_t skip = 0;        // grad_output positions skipped, for a padding of at least 0
 };
 
 PhaseDim phase_dim(int64_t r, int64_t in, int64_t kernel, int64_t stride, int64_t pad,
@@ -285,11 +285,11 @@ PhaseDim phase_dim(int64_t r, int64_t in, int64_t kernel, int64_t stride, int64_
     if (((r + pad - k * dilation) % stride + stride) % stride == 0) {
       d.taps = (kernel - 1 - k) / d.step + 1;
       d.last = k + (d.taps - 1) * d.step;
-      // The last tap reads the lowest grad_output offset, -pad of the
-      // forward; zero taps in front bring a positive offset down to 0 or less.
+      // The last tap reads the lowest grad_output offset: -pad of the
+      // forward, or the grad_output positions it skips when positive.
       const int64_t offset = (r + pad - d.last * dilation) / stride;
-      d.lead = offset > 0 ? (offset + d.dilation - 1) / d.dilation : 0;
-      d.pad = d.lead * d.dilation - offset;
+      d.skip = std::max<int64_t>(offset, 0);
+      d.pad = std::max<int64_t>(-offset, 0);
       break;
     }
   }
@@ -309,20 +309,22 @@ std::vector<DgradPhase> dgrad_phases(const ConvParams& p) {
       ph.col0 = c;
       ph.kh_last = h.last;
       ph.kh_step = h.step;
-      ph.kh_lead = h.lead;
       ph.kw_last = w.last;
       ph.kw_step = w.step;
-      ph.kw_lead = w.lead;
+      ph.row_skip = h.skip;
+      ph.col_skip = w.skip;
       ConvParams& f = ph.fprop;
       f = p;
       f.in_channels = p.out_channels;
-      f.in_h = p.out_h;
-      f.in_w = p.out_w;
+      f.in_h = p.out_h - h.skip;
+      f.in_w = p.out_w - w.skip;
       f.out_channels = p.in_channels;
       f.out_h = h.count;
       f.out_w = w.count;
-      f.kernel_h = h.taps > 0 ? h.lead + h.taps : 0;
-      f.kernel_w = w.taps > 0 ? w.lead + w.taps : 0;
+      // No tap, or every tap past grad_output's end: the gradient is 0.
+      const bool reached = h.taps > 0 && w.taps > 0 && f.in_h > 0 && f.in_w > 0;
+      f.kernel_h = reached ? h.taps : 0;
+      f.kernel_w = reached ? w.taps : 0;
       f.stride_h = f.stride_w = 1;
       f.pad_h = h.pad;
       f.pad_w = w.pad;

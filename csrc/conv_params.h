@@ -75,12 +75,15 @@ ConvParams dgrad_as_fprop(const ConvParams& p);
 // zeros a stride inserts.
 struct DgradPhase {
   int64_t row0 = 0, col0 = 0;  // the phase's first input row and column
-  // Sub-kernel row kh_lead + u is kernel row kh_last - u * kh_step
-  // (ascending grad_output offsets); its first kh_lead rows are zeros, which
-  // keep the forward's padding from going negative where the phase's first
+  // Sub-kernel row u is kernel row kh_last - u * kh_step (ascending
+  // grad_output offsets); columns likewise.
+  int64_t kh_last = 0, kh_step = 1, kw_last = 0, kw_step = 1;
+  // grad_output rows and columns the phase's forward skips: where its first
   // tap reads past grad_output's first row (padding past the kernel's
-  // reach). Columns likewise.
-  int64_t kh_last = 0, kh_step = 1, kh_lead = 0, kw_last = 0, kw_step = 1, kw_lead = 0;
+  // reach), it reads grad_output from a later row instead of taking a
+  // negative padding. (Zero taps in front would multiply real grad_output
+  // values by 0, and an Inf there would turn into NaN.)
+  int64_t row_skip = 0, col_skip = 0;
   // The phase as a forward: grad_output in, the phase's input pixels out
   // (groups as the layer's, weight each group's transposed sub-kernel).
   // kernel_h or kernel_w 0: no tap reaches the phase (its gradient is 0).

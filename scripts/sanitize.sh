@@ -17,7 +17,8 @@
 #   28 (1x1, several k8 steps per chunk, partial chunk), TF32 and IEEE
 #   (3xTF32) modes; strided dgrad phase by phase on cases 31 (stride 2,
 #   groups), 35 (stride 2, phases on the flat kernel) and 37 (stride 3: a
-#   phase no tap reaches, a zero tap in front of another), IEEE mode;
+#   phase no tap reaches, one starting at a later grad_output row), IEEE
+#   mode;
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
 #   blocks;

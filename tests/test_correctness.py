@@ -59,9 +59,9 @@ TENSOR_CORE = [
     # groups and odd sizes; 1x1 at stride 2 (phases no tap reaches); stride
     # 2 with dilation 3 (a sub-kernel of two taps 3 apart) and with dilation
     # 2 (every tap in one phase); grad_output rows of a multiple of 4 (the
-    # flat kernel); padding past the kernel's reach (a zero tap in front of
-    # a phase's sub-kernel); stride 3 (a phase no tap reaches, one with a
-    # zero tap in front).
+    # flat kernel); padding past the kernel's reach (a phase's forward
+    # starts at a later grad_output row); stride 3 (a phase no tap reaches,
+    # one starting at a later row).
     (2, 16, 15, 33, 24, (3, 3), 2, 1, 1, 2, True),
     (1, 16, 9, 20, 32, (1, 1), 2, 0, 1, 1, False),
     (1, 8, 17, 26, 16, (3, 3), 2, 3, 3, 1, True),

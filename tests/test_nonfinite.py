@@ -129,3 +129,26 @@ def test_nan_weight(name, device, precision):
 @pytest.mark.parametrize("device", DEVICES)
 def test_float64(device, kind):
     _check(CASES["3x3_tc_strided"], device, torch.float64, kind)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nonfinite_grad_output_strided(device, precision):
+    """Inf in grad_output reaches grad_input only through taps that read it.
+    A 1x1 layer at stride 2 with padding 1: odd input rows read grad_output
+    row (ih + 1) / 2, so row 0 (the padding's) reaches nothing; dgrad's
+    phase of odd rows starts at grad_output row 1 and must not multiply row
+    0 by a zero weight (0 * Inf = NaN)."""
+    x = torch.randn(1, 8, 10, 12, device=device, requires_grad=True)
+    w = torch.randn(8, 8, 1, 1, device=device, requires_grad=True)
+    b = torch.randn(8, device=device, requires_grad=True)
+    y = conv2d_ext.conv2d(x, w, b, 2, 1, 1)
+    gy = torch.randn_like(y)
+    gy[0, 0, 0, :] = INF  # reaches nothing
+    gy[0, 3, 2, 1] = -INF  # reaches input row 3, column 1
+    (gx,) = torch.autograd.grad(y, [x], gy)
+    refs = reference(x, w, b, 2, 1, 1, 1, grad_out=gy)
+    mags = reference(x, w, b, 2, 1, 1, 1, grad_out=gy, absolute=True)
+    assert refs[1].isinf().any() and refs[1][:, :, 1].isfinite().all()
+    _, k_dgrad, _ = reduction_lengths(x, w, y)
+    _assert_matches("grad_input", gx, refs[1], mags[1], torch.float32,
+                    precision_of(torch.float32, device), k_dgrad)

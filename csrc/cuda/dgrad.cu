@@ -187,18 +187,21 @@ void launch_dgrad_phases(const ConvParams& p, const at::Tensor& go, const at::Te
       dst.zero_();
       continue;
     }
-    // Sub-kernel row kh_lead + u is kernel row kh_last - u * kh_step:
-    // flipped row KH - 1 - kh_last + u * kh_step; the lead rows are zeros.
-    at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
-                         .slice(3, p.kernel_w - 1 - ph.kw_last, p.kernel_w, ph.kw_step);
-    if (ph.kh_lead > 0 || ph.kw_lead > 0) {
-      sub = at::constant_pad_nd(sub, {ph.kw_lead, 0, ph.kh_lead, 0}, 0);
-    }
-    sub = sub.contiguous();
+    // Sub-kernel row u is kernel row kh_last - u * kh_step: flipped row
+    // KH - 1 - kh_last + u * kh_step.
+    const at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
+                               .slice(3, p.kernel_w - 1 - ph.kw_last, p.kernel_w, ph.kw_step)
+                               .contiguous();
     TORCH_CHECK(sub.size(2) == f.kernel_h && sub.size(3) == f.kernel_w,
                 "conv2d_ext: internal error: dgrad phase sub-kernel ", sub.sizes());
     at::Tensor y = at::empty({p.batch, p.in_channels, f.out_h, f.out_w}, grad_in.options());
-    launch_fprop(f, go, sub, at::Tensor(), y);
+    // A phase whose first tap reads past grad_output's first row starts
+    // later (rare: padding past the kernel's reach); copied, as the forward
+    // kernels take contiguous inputs.
+    const at::Tensor src = ph.row_skip > 0 || ph.col_skip > 0
+                               ? go.slice(2, ph.row_skip).slice(3, ph.col_skip).contiguous()
+                               : go;
+    launch_fprop(f, src, sub, at::Tensor(), y);
     dst.copy_(y);
   }
 }
