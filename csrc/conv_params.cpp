@@ -313,12 +313,11 @@ std::vector<DgradPhase> dgrad_phases(const ConvParams& p) {
       ph.kw_step = w.step;
       ph.row_skip = h.skip;
       ph.col_skip = w.skip;
+      // dgrad's forward (channels and extents swapped), narrowed to the phase.
       ConvParams& f = ph.fprop;
-      f = p;
-      f.in_channels = p.out_channels;
-      f.in_h = p.out_h - h.skip;
-      f.in_w = p.out_w - w.skip;
-      f.out_channels = p.in_channels;
+      f = dgrad_as_fprop(p);
+      f.in_h -= h.skip;
+      f.in_w -= w.skip;
       f.out_h = h.count;
       f.out_w = w.count;
       // No tap, or every tap past grad_output's end: the gradient is 0.
