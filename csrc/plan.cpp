@@ -45,15 +45,18 @@ bool tensor_core_channels(const ConvParams& p) {
   return p.in_channels_per_group() >= 8 && p.out_channels_per_group() >= 8;
 }
 
+// sm_90a code runs on compute capability 9.0 only; other GPUs get the
+// mma.sync loops (sm_80 and newer).
+bool hopper_kernels(int sm) {
+  return sm == 90 && built_with_sm90a() && g_hopper_kernels.load(std::memory_order_relaxed);
+}
+
 // The forward's choice among its kernels; kDirect when no tensor-core
 // kernel takes the problem.
 Algo fprop_algo(const ConvParams& p, MathMode math, int sm) {
   if (!tensor_core_channels(p)) return Algo::kDirect;
-  // sm_90a code runs on compute capability 9.0 only; other GPUs get the
-  // mma.sync loop (sm_80 and newer).
   const bool split = math == MathMode::kIEEE;  // 3xTF32
-  const bool hopper = sm == 90 && built_with_sm90a() &&
-                      g_hopper_kernels.load(std::memory_order_relaxed);
+  const bool hopper = hopper_kernels(sm);
   // The flat kernel (pixels as wgmma's N) is the faster one at unit stride.
   if (hopper && g_flat_kernels.load(std::memory_order_relaxed) &&
       igemm_fprop_flat::fits(p, split)) {
@@ -100,9 +103,13 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   } else if (pass == Pass::kDgrad && sm >= 80 && tensor_core_channels(p) &&
              (p.stride_h > 1 || p.stride_w > 1)) {
     plan.algo = Algo::kDgradPhases;
-  } else if (pass == Pass::kWgrad && sm >= 80 && tensor_core_channels(p) &&
-             igemm_wgrad::fits(p, plan.math == MathMode::kIEEE, sm)) {
-    plan.algo = Algo::kImplicitGemm;  // mma.sync on every GPU for now, Hopper too
+  } else if (pass == Pass::kWgrad && sm >= 80 && tensor_core_channels(p)) {
+    const bool split = plan.math == MathMode::kIEEE;
+    if (hopper_kernels(sm) && igemm_wgrad_sm90::fits(p, split)) {
+      plan.algo = Algo::kImplicitGemmSm90;
+    } else if (igemm_wgrad::fits(p, split, sm)) {
+      plan.algo = Algo::kImplicitGemm;
+    }
   }
   return plan;
 }

@@ -321,6 +321,124 @@ inline bool fits(const ConvParams& p, bool split, int sm) {
 }  // namespace conv2d_ext
 
 namespace conv2d_ext {
+// wgrad on Hopper's wgmma (csrc/cuda/wgrad_sm90.cu), unit stride. GEMM view
+// per block: M = (input channel, tap) rows, N = 64 output channels, K =
+// output positions. A (the input at each row's tap) comes from registers,
+// loaded from a plain NCHW halo at any tap offset; B (grad_output) is
+// rearranged into wgmma's K-major layout once per K tile. A unit is 8
+// input channels at one tap; an m64 tile is 8 units.
+namespace igemm_wgrad_sm90 {
+
+constexpr int kCo = 64;       // N: output channels of a block
+constexpr int kCols = 64;     // output columns of a K tile
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kUnitsPerTile = 8;
+constexpr int kBlocksPerSm = 2;  // registers: up to 255 per thread; one where
+                                 // the halo needs the SM's shared memory (7x7, IEEE)
+constexpr int kMaxRows = 4;     // output rows of a K tile (one dilation phase)
+// B of one k8 step: two k halves of 8 row groups of 8 channels x 16 bytes,
+// each half padded by 16 bytes so that the 8 lanes storing 8 consecutive
+// position quads of one channel hit 8 different bank groups.
+constexpr int kHalfFloats = 4 * (kCo + 1);
+constexpr int kStepFloats = 2 * kHalfFloats;
+// Accumulators: 32 registers per m64 tile; 3xTF32 also keeps a temporary
+// per tile that its products go into before FP32 adds (the tensor cores
+// truncate as they accumulate).
+constexpr int max_tiles(bool split) { return split ? 2 : 4; }
+// Shared memory of a block when `per_sm` blocks share an SM (the driver's
+// reserve and the mbarriers taken off).
+constexpr int64_t smem_budget(int per_sm) { return 228 * 1024 / per_sm - (1024 + 128); }
+
+struct Layout {
+  int tiles;  // m64 tiles per block
+  int blocks_per_sm;  // kBlocksPerSm, or 1
+  int units, unit_blocks;  // units of a group; blocks over them
+  int box_channels;  // halo channels staged: 8 x the most channel groups a block spans
+  int rows;  // output rows of a K tile
+  int halo_rows;  // rows + KH - 1, made odd
+  int halo_cols;  // box columns: 64 + 3 (alignment shift) + reach, = 4 mod 8
+  int plane;  // halo_rows * halo_cols: = 4 mod 8, so 8 channels x 4 positions
+              // of an A load fall in 32 different banks
+  int tiles_h, tiles_w, co_tiles;
+  int64_t k_tiles;
+  int64_t halo_floats, raw_floats, b_floats;  // each 128-byte aligned
+  int64_t smem_bytes;  // INT64_MAX when nothing fits
+};
+
+inline Layout layout(const ConvParams& p, bool split) {
+  Layout l{};
+  l.smem_bytes = INT64_MAX;
+  // The halo and grad_output arrive by TMA: 16-byte rows of the input,
+  // dilated rows at most 8 apart.
+  if (p.stride_h != 1 || p.stride_w != 1 || p.in_w % 4 != 0 || p.dilation_h > 8) return l;
+  const int64_t taps = p.kernel_h * p.kernel_w;
+  const int64_t groups8 = (p.in_channels_per_group() + 7) / 8;
+  l.units = static_cast<int>(groups8 * taps);
+  l.tiles_w = static_cast<int>((p.out_w + kCols - 1) / kCols);
+  // Narrow outputs would waste most of a 64-column K tile.
+  if (10 * p.out_w < 7 * int64_t(kCols) * l.tiles_w) return l;
+  int64_t cols = kCols + 3 + (p.kernel_w - 1) * p.dilation_w;
+  cols = (cols + 3) / 4 * 4;
+  if (cols % 8 == 0) cols += 4;
+  if (cols > 256) return l;
+  l.halo_cols = static_cast<int>(cols);
+  auto round128 = [](int64_t floats) { return (floats + 31) / 32 * 32; };
+  // Tiles per block: the least work counting padded units and, per block,
+  // grad_output's copy and rearrangement as about half a tile; two blocks
+  // per SM where they fit.
+  int64_t best_cost = 0;
+  for (int per_sm = kBlocksPerSm; per_sm >= 1 && best_cost == 0; --per_sm) {
+    for (int mt = max_tiles(split); mt >= 1; --mt) {
+      const int64_t per_block = int64_t(kUnitsPerTile) * mt;
+      const int64_t blocks = (l.units + per_block - 1) / per_block;
+      const int64_t cost = blocks * (2 * mt + 1);
+      if (best_cost != 0 && cost >= best_cost) continue;
+      const int64_t span = std::min<int64_t>(groups8, (taps - 1 + per_block - 1) / taps + 1);
+      for (int rows = kMaxRows; rows >= 1; rows /= 2) {
+        if (rows > 1 && rows * p.dilation_h > p.out_h) continue;
+        const int64_t halo_rows = (rows + p.kernel_h - 1) | 1;
+        if (halo_rows * p.dilation_h > 256) continue;
+        const int64_t plane = halo_rows * cols;
+        const int64_t halo = round128(span * 8 * plane);
+        const int64_t raw = int64_t(kCo) * rows * kCols;
+        const int64_t b = round128(int64_t(rows) * (kCols / 8) * kStepFloats);
+        const int64_t bytes = 4 * (2 * halo + raw + (split ? 2 : 1) * b);
+        if (bytes > smem_budget(per_sm)) continue;
+        l.tiles = mt;
+        l.blocks_per_sm = per_sm;
+        l.unit_blocks = static_cast<int>(blocks);
+        l.box_channels = static_cast<int>(8 * span);
+        l.rows = rows;
+        l.halo_rows = static_cast<int>(halo_rows);
+        l.plane = static_cast<int>(plane);
+        l.halo_floats = halo;
+        l.raw_floats = raw;
+        l.b_floats = b;
+        l.smem_bytes = bytes;
+        best_cost = cost;
+        break;
+      }
+    }
+  }
+  if (l.smem_bytes == INT64_MAX) return l;
+  const int64_t rows_span = int64_t(l.rows) * p.dilation_h;
+  l.tiles_h = static_cast<int>((p.out_h + rows_span - 1) / rows_span * p.dilation_h);
+  l.k_tiles = p.batch * l.tiles_h * int64_t(l.tiles_w);
+  l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
+  if (p.groups * l.co_tiles * int64_t(l.unit_blocks) >= (int64_t(1) << 31)) {
+    l.smem_bytes = INT64_MAX;
+  }
+  return l;
+}
+
+inline bool fits(const ConvParams& p, bool split) {
+  return layout(p, split).smem_bytes != INT64_MAX;
+}
+
+}  // namespace igemm_wgrad_sm90
+}  // namespace conv2d_ext
+
+namespace conv2d_ext {
 // Direct FFMA kernels for few input channels per group (depthwise layers, RGB
 // stems; csrc/cuda/*_small_channels.cu). They do a few multiply-adds per
 // byte, so they are built around memory traffic: a block stages an input

@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (23 tests):
+# Default subset (27 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -18,7 +18,9 @@
 #   (3xTF32) modes; strided dgrad phase by phase on cases 31 (stride 2,
 #   groups), 35 (stride 2, phases on the flat kernel) and 37 (stride 3: a
 #   phase no tap reaches, one starting at a later grad_output row), IEEE
-#   mode;
+#   mode; the sm_90 wgrad (also on cases 25 and 28) on cases 39 (grad_output
+#   copied without TMA, a K tile past the right edge) and 40 (7x7, units of
+#   several channel groups, padding), TF32 and IEEE modes;
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
 #   blocks;
@@ -45,7 +47,7 @@ else
   for c in 16 18; do
     tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[ieee-case$c]")
   done
-  for c in 25 28; do
+  for c in 25 28 39 40; do
     for mode in tf32 ieee; do
       tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[$mode-case$c]")
     done

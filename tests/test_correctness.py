@@ -69,6 +69,15 @@ TENSOR_CORE = [
     (1, 16, 20, 136, 16, (3, 3), 2, 1, 1, 1, True),
     (1, 8, 10, 12, 8, (1, 1), 2, 1, 1, 1, True),
     (1, 16, 19, 32, 8, (2, 2), 3, 1, 1, 1, True),
+    # The sm_90 wgrad (unit stride, input rows of a multiple of 4, outputs
+    # at least 70% of their 64-column K tiles): groups, channel counts off
+    # the 8-channel units and the 64-channel tile, grad_output rows not a
+    # multiple of 4 (copied without TMA), units of several channel groups
+    # (7x7), K tiles crossing the bottom and right edges.
+    (1, 32, 6, 124, 48, (3, 3), 1, 1, 1, 2, True),
+    (1, 12, 5, 60, 70, (3, 3), 1, 0, 1, 1, False),
+    (2, 24, 12, 100, 16, (7, 7), 1, 3, 1, 1, True),
+    (1, 16, 7, 64, 8, (3, 3), 1, 0, 1, 1, True),
 ]
 
 
@@ -180,6 +189,16 @@ def _flat_takes(width, dilation_h):
     return width % 4 == 0 and dilation_h <= 8
 
 
+def _wgrad_sm90_takes(case):
+    """The sm_90 wgrad: unit stride, TMA-able input rows and dilated rows,
+    and outputs that fill at least 70% of their 64-column K tiles."""
+    _, _, _, w, _, _, stride, _, dilation, _, _ = case
+    out_w = _out_width(case)
+    tiles = -(-out_w // 64)
+    return (_pair(stride) == (1, 1) and w % 4 == 0 and _pair(dilation)[0] <= 8
+            and 10 * out_w >= 7 * 64 * tiles)
+
+
 def _dgrad_is_fprop(case):
     """dgrad runs as a forward pass: unit stride, padding <= dilation*(K-1)."""
     _, _, _, _, _, k, stride, padding, dilation, _, _ = case
@@ -194,7 +213,8 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     every forward, every dgrad that is a forward pass (unit stride) or a
     forward per stride phase, and every wgrad to a tensor-core kernel;
     forward and unit-stride dgrad on sm_90 to wgmma when the build has sm_90a
-    code: the flat kernel, in both modes."""
+    code: the flat kernel, in both modes; wgrad there to wgmma where its
+    tiles take the shape."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
@@ -223,9 +243,10 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         else:  # one forward per stride phase; padding past the reach: direct
             expected = "dgrad_phases" if _pair(stride) != (1, 1) else "direct"
         assert algo == expected, f"{case} backward_input: {algo}, expected {expected}"
-        # wgrad: mma.sync on every GPU, Hopper included.
+        # wgrad: wgmma on sm_90 where its tiles take the shape.
+        expected = "implicit_gemm_sm90" if hopper and _wgrad_sm90_takes(case) else "implicit_gemm"
         algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
-        assert algo == "implicit_gemm", f"{case} backward_weight: {algo}"
+        assert algo == expected, f"{case} backward_weight: {algo}, expected {expected}"
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

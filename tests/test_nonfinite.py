@@ -23,6 +23,11 @@ CASES = {
     "3x3_tc_pad": (2, 8, 10, 36, 64, (3, 3), 1, 1, 1),
     "3x3_tc_strided": (1, 12, 11, 37, 64, (3, 3), (2, 1), 0, (1, 2)),
     "3x3_tc_strided_pad": (1, 12, 11, 37, 64, (3, 3), (2, 1), 1, (1, 2)),
+    # Wide enough for the sm_90 wgrad: K tiles past the right edge, whose
+    # positions read real input columns (an Inf there must not meet their
+    # zero grad_output); grad_output rows of 56 (TMA) and 58 (copied) floats.
+    "5x9_tc_wide": (1, 8, 9, 64, 64, (5, 9), 1, 0, 1),
+    "3x3_tc_wide": (2, 8, 10, 60, 64, (3, 3), 1, 0, 1),
 }
 # NaN weights only without padding: whether a NaN weight meets the zeros of
 # the padding (NaN) or skips them (finite) differs between implementations,

@@ -48,6 +48,7 @@
 #include "fprop_implicit_gemm.h"
 #include "kernel_sizes.cuh"
 #include "mma.cuh"
+#include "tensor_map.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -480,52 +481,6 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
   }
 }
 
-// The driver's tensor-map encoder, looked up through the runtime so that the
-// extension needs no link to the driver library.
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                   const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                   CUtensorMapFloatOOBfill);
-
-EncodeTiledFn encode_tiled() {
-  static const EncodeTiledFn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-#if CUDART_VERSION >= 12050
-    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
-                                                    cudaEnableDefault, &found));
-#else
-    C10_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault,
-                                           &found));
-#endif
-    TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
-                "conv2d_ext: the CUDA driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<EncodeTiledFn>(ptr);
-  }();
-  return fn;
-}
-
-// The input as a 4-D tensor map (W innermost), read in boxes of one chunk's
-// channels x the halo's rows (every dilation_h-th) x P + 4 columns.
-CUtensorMap input_map(const ConvParams& p, const at::Tensor& x, const cfg::Layout& L) {
-  const cuuint64_t dims[4] = {cuuint64_t(p.in_w), cuuint64_t(p.in_h),
-                              cuuint64_t(p.in_channels), cuuint64_t(p.batch)};
-  const cuuint64_t row = cuuint64_t(p.in_w) * 4;
-  const cuuint64_t strides[3] = {row, row * p.in_h, row * p.in_h * p.in_channels};
-  const cuuint32_t box[4] = {(cuuint32_t(1) << L.log2_pitch) + cfg::kTmaColumnSlack,
-                             cuuint32_t(L.halo_rows * p.dilation_h), cuuint32_t(8 * L.ksteps), 1};
-  const cuuint32_t element_strides[4] = {1, cuuint32_t(p.dilation_h), 1, 1};
-  CUtensorMap map;
-  const CUresult r = encode_tiled()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, x.data_ptr(), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TORCH_CHECK(r == CUDA_SUCCESS, "conv2d_ext: internal error: cuTensorMapEncodeTiled failed (",
-              int(r), ") for input ", x.sizes());
-  return map;
-}
-
 }  // namespace
 
 void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const at::Tensor& w,
@@ -539,7 +494,11 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
   // starting elsewhere is copied once.
   const at::Tensor x =
       reinterpret_cast<uintptr_t>(x_in.data_ptr()) % 16 == 0 ? x_in : x_in.clone();
-  const CUtensorMap x_map = input_map(p, x, L);
+  // The halo as boxes of one chunk's channels x the halo's rows (every
+  // dilation_h-th) x P + 4 columns.
+  const CUtensorMap x_map = nchw_tensor_map(
+      x, (1u << L.log2_pitch) + cfg::kTmaColumnSlack, static_cast<uint32_t>(L.halo_rows * p.dilation_h),
+      static_cast<uint32_t>(8 * L.ksteps), static_cast<uint32_t>(p.dilation_h));
   auto stream = at::cuda::getCurrentCUDAStream();
 
   const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * p.kernel_h * p.kernel_w *

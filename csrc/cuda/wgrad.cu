@@ -1,6 +1,6 @@
 // Backward-weight pass (wgrad) on CUDA. With 8 or more channels per group
-// on sm_80+ the plan picks the tensor-core kernel
-// (wgrad_implicit_gemm.cu); everything else runs the direct reduction on
+// on sm_80+ the plan picks a tensor-core kernel (wgrad_sm90.cu on Hopper at
+// unit stride, wgrad_implicit_gemm.cu otherwise); everything else runs the direct reduction on
 // FFMA below.
 //
 // GEMM view per group: M = Cout/groups, N = Cin/groups*KH*KW and
@@ -188,6 +188,9 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
           case Algo::kImplicitGemm:  // float32 only
             launch_wgrad_implicit_gemm(p, go, x, grad_w, plan.math);
             return;
+          case Algo::kImplicitGemmSm90:  // float32 only
+            launch_wgrad_sm90(p, go, x, grad_w, plan.math);
+            return;
           case Algo::kDepthwise:
           case Algo::kFewChannels:  // float32 only
             launch_wgrad_small_channels(p, go, x, grad_w);
@@ -197,7 +200,6 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
               launch_wgrad_direct<scalar_t>(p, go, x, grad_w);
             });
             return;
-          case Algo::kImplicitGemmSm90:
           case Algo::kImplicitGemmSm90Flat:
           case Algo::kDgradPhases:
             break;

@@ -14,5 +14,10 @@ namespace cuda {
 void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
                                 const at::Tensor& x, at::Tensor& grad_w, MathMode math);
 
+// The same on Hopper's wgmma (wgrad_sm90.cu; Algo::kImplicitGemmSm90 for
+// Pass::kWgrad): unit stride, sm_90a code.
+void launch_wgrad_sm90(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
+                       at::Tensor& grad_w, MathMode math);
+
 }  // namespace cuda
 }  // namespace conv2d_ext

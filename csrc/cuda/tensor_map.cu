@@ -1,0 +1,58 @@
+#include "tensor_map.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+// The driver's tensor-map encoder, looked up through the runtime so that the
+// extension needs no link to the driver library.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                   CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                    cudaEnableDefault, &found));
+#else
+    C10_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault,
+                                           &found));
+#endif
+    TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
+                "conv2d_ext: the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap nchw_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_h, uint32_t box_c,
+                            uint32_t row_step) {
+  const cuuint64_t dims[4] = {cuuint64_t(t.size(3)), cuuint64_t(t.size(2)),
+                              cuuint64_t(t.size(1)), cuuint64_t(t.size(0))};
+  const cuuint64_t row = cuuint64_t(t.size(3)) * 4;
+  const cuuint64_t strides[3] = {row, row * t.size(2), row * t.size(2) * t.size(1)};
+  const cuuint32_t box[4] = {box_w, box_h, box_c, 1};
+  const cuuint32_t element_strides[4] = {1, row_step, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode_tiled()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, t.data_ptr(), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "conv2d_ext: internal error: cuTensorMapEncodeTiled failed (",
+              int(r), ") for a tensor of shape ", t.sizes(), " and box ", box_w, "x", box_h,
+              "x", box_c);
+  return map;
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext

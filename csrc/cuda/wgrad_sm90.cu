@@ -1,0 +1,400 @@
+// Backward-weight pass (wgrad) on Hopper's wgmma, unit stride.
+//
+// GEMM view per block: M = (input channel, tap) rows, N = 64 output
+// channels, K = output positions of the block's slice of the batch. The
+// mma.sync kernel (wgrad_implicit_gemm.cu) explains why K is split and how
+// the slices are reduced in a fixed order; this one changes the inner loop.
+//
+// wgmma reads TF32 operands from shared memory only K-major in 16-byte
+// aligned pieces, and a tap shifts K (positions) by any number of floats.
+// So the shifted operand comes from registers: A, the input at each row's
+// tap, is loaded with 4-byte shared loads from a plain NCHW halo (a plane
+// pitch of 4 mod 8 floats puts the 8 channels x 4 positions of a load in 32
+// different banks) and rounded or split as loaded. B, grad_output, has no
+// shift: it is rearranged once per K tile into the K-major core-matrix
+// layout, rounded (or split into big and small halves) on the way.
+//
+// A unit is 8 input channels at one tap; a warp's 16 rows are two units
+// (rows gq and gq + 8 of the m16 layout: the lane's channel at each unit's
+// tap), an m64 tile 8 units. A block holds `MT` tiles of consecutive units
+// ((channel group, tap) order), so its halo covers a few channel groups.
+//
+// Per K tile (rows x 64 output columns of one image, rows of one dilation
+// phase): the halo box and grad_output arrive by TMA (grad_output by
+// cp.async where its rows are not 16-byte multiples); the halo is
+// double-buffered, grad_output is rearranged as soon as it lands and its
+// next tile's copy starts then. Each k8 step loads A for every tile, then
+// issues the tiles' wgmmas as one group; a step's group retires one step
+// later, so its A registers come in two sets.
+//
+// 3xTF32 (IEEE mode): small*big + big*small + big*big of each step go into a
+// per-tile temporary that is restarted every 4 steps and then added to the
+// accumulators with FADDs: the tensor cores truncate as they accumulate,
+// and over a slice's K a single chain loses TF32-like accuracy.
+//
+// Positions past the output's right edge have zero grad_output, but the
+// input they reach may hold Inf or NaN that no real product meets: their A
+// values are zeroed (0 * Inf would be NaN).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda.h>
+
+#include "../tile_config.h"
+#include "common.cuh"
+#include "mma.cuh"
+#include "split_reduce.cuh"
+#include "tensor_map.h"
+#include "wgrad_implicit_gemm.h"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace cfg = igemm_wgrad_sm90;
+
+template <int MT, bool kSplit>
+__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
+    wgrad_sm90_kernel(const __grid_constant__ CUtensorMap x_map,
+                      const __grid_constant__ CUtensorMap go_map, const ConvParams p,
+                      const float* __restrict__ go, float* __restrict__ partial,
+                      const cfg::Layout L, int64_t tiles_per_split, bool go_by_tma) {
+  extern __shared__ __align__(128) float smem[];
+  __shared__ uint64_t halo_full[2], raw_full;
+  const int Ho = p.out_h, Wo = p.out_w, KW = p.kernel_w;
+  const int taps = p.kernel_h * p.kernel_w;
+  const int dh = p.dilation_h, dw = p.dilation_w;
+  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
+  const int rows = L.rows, bc = L.halo_cols;
+
+  // Shared memory: two halo boxes [box channels][halo rows][halo cols],
+  // grad_output as copied [64 channels][rows][64 columns], and its
+  // rearranged B (3xTF32: big, then small).
+  float* const halo0 = smem;
+  float* const raw = smem + 2 * L.halo_floats;
+  float* const bmat = raw + L.raw_floats;
+
+  int bx = blockIdx.x;
+  const int unit_block = bx % L.unit_blocks;
+  bx /= L.unit_blocks;
+  const int co_tile = bx % L.co_tiles;
+  const int g = bx / L.co_tiles;
+  const int co0 = co_tile * cfg::kCo;
+  const int u0 = unit_block * cfg::kUnitsPerTile * MT;
+  const int group_base = u0 / taps;  // the halo box's first channel group
+  const int64_t kt_begin = blockIdx.y * tiles_per_split;
+  const int64_t kt_end = std::min<int64_t>(L.k_tiles, kt_begin + tiles_per_split);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gq = lane >> 2, tq = lane & 3;
+
+  // Halo offset of this lane's A rows: channel gq of each of its two units
+  // (per tile), at the unit's tap, plus its position tq. Units past the
+  // last read unit u0's (and are not stored).
+  int off[MT][2];
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int u = u0 + cfg::kUnitsPerTile * t + 2 * warp + h;
+      if (u >= L.units) u = u0;
+      const int cg = u / taps, tap = u - cg * taps;
+      const int kh = tap / KW, kw = tap - kh * KW;
+      off[t][h] = ((cg - group_base) * 8 + gq) * L.plane + kh * bc + kw * dw + tq;
+    }
+
+  const int tiles_hw = L.tiles_h * L.tiles_w;
+  struct Tile {
+    int n, oh0, ow0;
+  };
+  auto tile_of = [&](int64_t kt) {
+    Tile t;
+    t.n = static_cast<int>(kt / tiles_hw);
+    const int rest = static_cast<int>(kt - int64_t(t.n) * tiles_hw);
+    const int tile_h = rest / L.tiles_w;
+    t.ow0 = (rest - tile_h * L.tiles_w) * cfg::kCols;
+    t.oh0 = (tile_h / dh) * rows * dh + tile_h % dh;  // rows oh0 + dh*r
+    return t;
+  };
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&halo_full[0], 1);
+    mbarrier_init(&halo_full[1], 1);
+    mbarrier_init(&raw_full, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // Thread 0 starts the halo box of tile kt into buffer `buf`; it starts on
+  // a 16-byte column, up to 3 left of the halo's first.
+  auto start_halo = [&](int64_t kt, int buf) {
+    const Tile t = tile_of(kt);
+    const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
+    const int ih0 = t.oh0 - static_cast<int>(p.pad_h);
+    mbarrier_arrive_expect_tx(&halo_full[buf],
+                              static_cast<uint32_t>(4 * L.box_channels * L.halo_rows * bc));
+    tma_load_4d(halo0 + buf * L.halo_floats, &x_map, iw0 & ~3, ih0,
+                g * cin_g + group_base * 8, t.n, &halo_full[buf]);
+  };
+  // grad_output of tile kt into `raw`: by TMA (thread 0), or by every
+  // thread's cp.async (zeros outside the output).
+  const int raw_bytes = static_cast<int>(4 * L.raw_floats);
+  auto start_raw = [&](int64_t kt) {
+    const Tile t = tile_of(kt);
+    const int gco0 = g * cout_g + co0;
+    if (go_by_tma) {
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(&raw_full, raw_bytes);
+        tma_load_4d(raw, &go_map, t.ow0, t.oh0, gco0, t.n, &raw_full);
+      }
+      return;
+    }
+    // Lines (channel, row) of 64 columns; a thread keeps its column.
+    const int c = threadIdx.x % cfg::kCols;
+    const bool col_ok = t.ow0 + c < Wo;
+    const float* src_n = go + plane_offset(t.n, p.out_channels, 0, Ho * Wo) + t.ow0 + c;
+    for (int line = threadIdx.x / cfg::kCols; line < cfg::kCo * rows;
+         line += cfg::kThreads / cfg::kCols) {
+      const int co = line / rows, r = line - co * rows;
+      const int oh = t.oh0 + dh * r;
+      const bool ok = col_ok && oh < Ho && gco0 + co < p.out_channels;
+      const float* src = ok ? src_n + int64_t(gco0 + co) * Ho * Wo + int64_t(oh) * Wo : go;
+      cp_async_4(raw + line * cfg::kCols + c, src, ok);
+    }
+    cp_async_commit();
+  };
+  // raw -> B: a thread takes a quad of positions of one channel; the 8
+  // lanes of a store phase take 8 consecutive quads (one 128-byte row of
+  // raw; 8 bank groups of B thanks to the half padding).
+  auto rearrange = [&] {
+    const int quads = rows * (cfg::kCols / 4);
+    for (int e = threadIdx.x; e < cfg::kCo * quads; e += cfg::kThreads) {
+      const int co = e / quads, q = e - co * quads;
+      const float4 v = *reinterpret_cast<const float4*>(raw + co * rows * cfg::kCols + 4 * q);
+      const int at = (q >> 1) * cfg::kStepFloats + (q & 1) * cfg::kHalfFloats +
+                     (co >> 3) * 32 + (co & 7) * 4;
+      if constexpr (kSplit) {
+        uint32_t big[4], small[4];
+        tf32_split</*kRoundBig=*/true>(v.x, big[0], small[0]);
+        tf32_split</*kRoundBig=*/true>(v.y, big[1], small[1]);
+        tf32_split</*kRoundBig=*/true>(v.z, big[2], small[2]);
+        tf32_split</*kRoundBig=*/true>(v.w, big[3], small[3]);
+        *reinterpret_cast<uint4*>(bmat + at) = make_uint4(big[0], big[1], big[2], big[3]);
+        *reinterpret_cast<uint4*>(bmat + L.b_floats + at) =
+            make_uint4(small[0], small[1], small[2], small[3]);
+      } else {
+        *reinterpret_cast<uint4*>(bmat + at) =
+            make_uint4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w));
+      }
+    }
+  };
+
+  float acc[MT][8][4];
+  zero_fragments(acc);
+  float tmp[kSplit ? MT : 1][8][4];
+  (void)tmp;
+
+  const uint32_t b_addr = smem_addr(bmat);
+  const uint32_t b_small_bytes = 4 * static_cast<uint32_t>(L.b_floats);
+  constexpr uint32_t kHalfBytes = 4 * cfg::kHalfFloats;
+
+  // One K tile: the rows inside the output, 8 k8 steps each. kMask: the
+  // tile crosses the right edge (`cols` valid columns).
+  auto compute = [&](const float* hb, int valid_rows, int cols, auto mask_tag) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    uint32_t a_big[2][MT][4], a_small[kSplit ? 2 : 1][MT][4];
+    (void)a_small;
+#pragma unroll 1
+    for (int r = 0; r < valid_rows; ++r) {
+      const float* hr = hb + r * bc;
+#pragma unroll
+      for (int s = 0; s < cfg::kCols / 8; ++s) {
+        const int set = s & 1;
+        const bool keep0 = !kMask || 8 * s + tq < cols;
+        const bool keep1 = !kMask || 8 * s + tq + 4 < cols;
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          float v[4] = {hr[off[t][0] + 8 * s], hr[off[t][1] + 8 * s], hr[off[t][0] + 8 * s + 4],
+                        hr[off[t][1] + 8 * s + 4]};
+          if (kMask) {
+            v[0] = keep0 ? v[0] : 0.f;
+            v[1] = keep0 ? v[1] : 0.f;
+            v[2] = keep1 ? v[2] : 0.f;
+            v[3] = keep1 ? v[3] : 0.f;
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if constexpr (kSplit) {
+              tf32_split</*kRoundBig=*/true>(v[e], a_big[set][t][e], a_small[set][t][e]);
+            } else {
+              a_big[set][t][e] = tf32_round(v[e]);
+            }
+          }
+        }
+        const uint32_t step_addr = b_addr + 4 * cfg::kStepFloats * (r * (cfg::kCols / 8) + s);
+        const uint64_t big = wgmma_desc(step_addr, kHalfBytes, 128);
+        wgmma_fence();
+        if constexpr (kSplit) {
+          const uint64_t small = wgmma_desc(step_addr + b_small_bytes, kHalfBytes, 128);
+#pragma unroll
+          for (int t = 0; t < MT; ++t) {
+            // Small products first, then big * big; restarted every 4 steps.
+            wgmma_m64n64k8_tf32(tmp[t], a_small[set][t], big, s % 4 != 0);
+            wgmma_m64n64k8_tf32(tmp[t], a_big[set][t], small, true);
+            wgmma_m64n64k8_tf32(tmp[t], a_big[set][t], big, true);
+          }
+          wgmma_commit();
+          if (s % 4 == 3) {
+            wgmma_wait<0>();
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              wgmma_fence_operands(tmp[t]);
+#pragma unroll
+              for (int f = 0; f < 8; ++f)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[t][f][e] += tmp[t][f][e];
+            }
+          } else {
+            wgmma_wait<1>();
+          }
+        } else {
+#pragma unroll
+          for (int t = 0; t < MT; ++t) wgmma_m64n64k8_tf32(acc[t], a_big[set][t], big, true);
+          wgmma_commit();
+          wgmma_wait<1>();
+        }
+      }
+    }
+    wgmma_wait<0>();
+    if constexpr (!kSplit) {
+#pragma unroll
+      for (int t = 0; t < MT; ++t) wgmma_fence_operands(acc[t]);
+    }
+  };
+
+  if (kt_begin < kt_end) {
+    if (threadIdx.x == 0) {
+      start_halo(kt_begin, 0);
+      if (kt_begin + 1 < kt_end) start_halo(kt_begin + 1, 1);
+    }
+    start_raw(kt_begin);
+  }
+  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
+    const int i = static_cast<int>(kt - kt_begin);
+    const int buf = i & 1;
+    if (go_by_tma) {
+      mbarrier_wait(&raw_full, static_cast<uint32_t>(i & 1));
+    } else {
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    rearrange();
+    fence_proxy_async_smem();  // wgmma reads what the threads stored
+    __syncthreads();
+    if (kt + 1 < kt_end) start_raw(kt + 1);  // raw is free again
+
+    const Tile t = tile_of(kt);
+    const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
+    const float* hb = halo0 + buf * L.halo_floats + (iw0 & 3);
+    int valid_rows = 0;
+    while (valid_rows < rows && t.oh0 + dh * valid_rows < Ho) ++valid_rows;
+    const int cols = Wo - t.ow0;
+    mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
+    if (cols >= cfg::kCols) {
+      compute(hb, valid_rows, cols, std::false_type{});
+    } else {
+      compute(hb, valid_rows, cols, std::true_type{});
+    }
+    __syncthreads();  // every lane is done with this halo and with B
+    if (threadIdx.x == 0 && kt + 2 < kt_end) start_halo(kt + 2, buf);
+  }
+
+  // Accumulator (t, f, e): row gq (+8 for e >= 2) of the warp's 16 in tile
+  // t, i.e. channel gq of unit 2*warp (+1) at its tap; column 8f + 2tq
+  // (+1 for odd e), output channel co0 + that.
+  float* out = partial + blockIdx.y * p.weight_numel();
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int u = u0 + cfg::kUnitsPerTile * t + 2 * warp + h;
+      if (u >= L.units) continue;
+      const int cg = u / taps, tap = u - cg * taps;
+      const int ci = cg * 8 + gq;
+      if (ci >= cin_g) continue;
+#pragma unroll
+      for (int f = 0; f < 8; ++f)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int co = co0 + 8 * f + 2 * tq + e;
+          if (co >= cout_g) continue;
+          out[((int64_t(g) * cout_g + co) * cin_g + ci) * taps + tap] = acc[t][f][2 * h + e];
+        }
+    }
+}
+
+template <bool kSplit>
+void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::Tensor& grad_w,
+            const cfg::Layout& L) {
+  // TMA reads from 16-byte aligned bases (rows are multiples of 16 bytes
+  // by the plan for the input; grad_output's are checked here).
+  const at::Tensor xa = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();
+  const bool go_by_tma = p.out_w % 4 == 0;
+  const at::Tensor goa =
+      !go_by_tma || reinterpret_cast<uintptr_t>(go.data_ptr()) % 16 == 0 ? go : go.clone();
+  const uint32_t dh = static_cast<uint32_t>(p.dilation_h);
+  const CUtensorMap x_map = nchw_tensor_map(xa, L.halo_cols, L.halo_rows * dh, L.box_channels, dh);
+  // Without TMA for grad_output, the map is never read: any valid one.
+  const CUtensorMap go_map =
+      go_by_tma ? nchw_tensor_map(goa, cfg::kCols, L.rows * dh, cfg::kCo, dh) : x_map;
+
+  const int64_t tiles = p.groups * int64_t(L.co_tiles) * L.unit_blocks;
+  TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(),
+              "conv2d_ext: weight gradient too large");
+  // One wave: as many K slices as fill every SM. The count depends only on
+  // the shape and the GPU, so results repeat.
+  const int64_t slots = int64_t(L.blocks_per_sm) *
+                        at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int64_t splits = std::min({std::max<int64_t>(1, slots / tiles), L.k_tiles, kMaxGridYZ});
+  const int64_t tiles_per_split = ceil_div(L.k_tiles, splits);
+  splits = ceil_div(L.k_tiles, tiles_per_split);  // none empty
+
+  auto stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor partial =
+      splits == 1 ? grad_w : at::empty({splits, p.weight_numel()}, grad_w.options());
+  auto run = [&](auto kernel) {
+    ensure_dynamic_smem(kernel, L.smem_bytes);
+    kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), cfg::kThreads,
+             L.smem_bytes, stream>>>(x_map, go_map, p, goa.data_ptr<float>(),
+                                     partial.data_ptr<float>(), L, tiles_per_split, go_by_tma);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  // Tile counts the layout may pick (cfg::max_tiles).
+  switch (L.tiles) {
+    case 1: run(wgrad_sm90_kernel<1, kSplit>); break;
+    case 2: run(wgrad_sm90_kernel<2, kSplit>); break;
+    case 3: if constexpr (!kSplit) { run(wgrad_sm90_kernel<3, kSplit>); break; } [[fallthrough]];
+    case 4: if constexpr (!kSplit) { run(wgrad_sm90_kernel<4, kSplit>); break; } [[fallthrough]];
+    default:
+      TORCH_CHECK(false, "conv2d_ext: internal error: no sm_90 wgrad kernel for ", L.tiles,
+                  " tiles per block");
+  }
+  if (splits > 1) reduce_splits<float>(partial, grad_w, p.weight_numel(), static_cast<int>(splits));
+}
+
+}  // namespace
+
+void launch_wgrad_sm90(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
+                       at::Tensor& grad_w, MathMode math) {
+  const bool split = math == MathMode::kIEEE;
+  const cfg::Layout L = cfg::layout(p, split);
+  TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
+              "sm_90 wgrad for a problem it does not fit");
+  if (split) {
+    launch<true>(p, grad_out, x, grad_w, L);
+  } else {
+    launch<false>(p, grad_out, x, grad_w, L);
+  }
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext
