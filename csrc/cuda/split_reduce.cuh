@@ -3,6 +3,8 @@
 // atomics, so a result is bitwise identical from run to run.
 #pragma once
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -10,6 +12,22 @@
 
 namespace conv2d_ext {
 namespace cuda {
+
+// K slices of a split-K launch of `tiles` blocks per slice over `k_tiles`
+// K tiles: one wave at `blocks_per_sm`, none empty. The count depends only
+// on the shape and the GPU, so results repeat.
+struct KSplit {
+  int64_t splits, tiles_per_split;
+};
+inline KSplit one_wave_k_split(int64_t tiles, int64_t k_tiles, int blocks_per_sm) {
+  const int64_t slots = int64_t(std::max(blocks_per_sm, 1)) *
+                        at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t splits = std::min({std::max<int64_t>(1, slots / tiles), k_tiles, kMaxGridYZ});
+  KSplit k;
+  k.tiles_per_split = ceil_div(k_tiles, splits);
+  k.splits = ceil_div(k_tiles, k.tiles_per_split);
+  return k;
+}
 
 // Block-wide sums of each thread's A x B accumulators in a fixed order:
 // a butterfly within each warp, then the warps in index order. Leaves

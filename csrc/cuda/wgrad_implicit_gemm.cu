@@ -299,11 +299,8 @@ void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
   int per_sm = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &per_sm, kernel, cfg::kThreads, static_cast<size_t>(L.smem_bytes)));
-  const int64_t slots =
-      int64_t(std::max(per_sm, 1)) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  int64_t splits = std::min({std::max<int64_t>(1, slots / tiles), L.k_tiles, kMaxGridYZ});
-  const int64_t tiles_per_split = ceil_div(L.k_tiles, splits);
-  splits = ceil_div(L.k_tiles, tiles_per_split);  // none empty
+  const KSplit k = one_wave_k_split(tiles, L.k_tiles, per_sm);
+  const int64_t splits = k.splits, tiles_per_split = k.tiles_per_split;
 
   auto stream = at::cuda::getCurrentCUDAStream();
   at::Tensor partial =

@@ -350,13 +350,8 @@ void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::
   const int64_t tiles = p.groups * int64_t(L.co_tiles) * L.unit_blocks;
   TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(),
               "conv2d_ext: weight gradient too large");
-  // One wave: as many K slices as fill every SM. The count depends only on
-  // the shape and the GPU, so results repeat.
-  const int64_t slots = int64_t(L.blocks_per_sm) *
-                        at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  int64_t splits = std::min({std::max<int64_t>(1, slots / tiles), L.k_tiles, kMaxGridYZ});
-  const int64_t tiles_per_split = ceil_div(L.k_tiles, splits);
-  splits = ceil_div(L.k_tiles, tiles_per_split);  // none empty
+  const KSplit k = one_wave_k_split(tiles, L.k_tiles, L.blocks_per_sm);
+  const int64_t splits = k.splits, tiles_per_split = k.tiles_per_split;
 
   auto stream = at::cuda::getCurrentCUDAStream();
   at::Tensor partial =
