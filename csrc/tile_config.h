@@ -9,6 +9,25 @@
 #include "conv_params.h"
 
 namespace conv2d_ext {
+
+// What the tensor-copy engine (TMA) takes, for the sm_90 kernels that stage
+// NCHW boxes with it: at most 256 elements per box dimension, rows stepped
+// over by at most 8 (its element stride).
+constexpr int kMaxTmaBox = 256;
+constexpr int kMaxTmaElementStride = 8;
+
+// Tiles of `rows` output rows of one dilation phase (rows oh0 + dilation*r)
+// that cover `out_h` rows: the sm_90 kernels' row tiling, which lets a
+// dilated halo be one TMA box with the dilation as its row step.
+inline int phase_row_tiles(int64_t out_h, int rows, int64_t dilation_h) {
+  const int64_t span = rows * dilation_h;
+  return static_cast<int>((out_h + span - 1) / span * dilation_h);
+}
+// First output row of row tile `tile_h` of that tiling.
+C10_HOST_DEVICE inline int phase_row0(int tile_h, int rows, int dilation_h) {
+  return (tile_h / dilation_h) * rows * dilation_h + tile_h % dilation_h;
+}
+
 namespace igemm_fprop {
 
 constexpr int kRows = 8;         // output rows per block
@@ -116,10 +135,8 @@ inline int blocks_per_sm(int64_t smem_bytes, bool split) {
 // (width a multiple of 4) and a box that starts on a 16-byte column (hence
 // up to 3 columns more on the left, and P + 4 columns), steps over dilated
 // rows by at most 8 (its element stride) and spans at most 256 elements per
-// dimension.
+// dimension (tma_limits below).
 constexpr int kTmaColumnSlack = 4;
-constexpr int kMaxTmaElementStride = 8;
-constexpr int kMaxTmaBox = 256;
 
 struct Layout {
   int log2_pitch;  // P = 1 << log2_pitch; rows = positions / P output rows per block
@@ -157,8 +174,7 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
   l.rows = static_cast<int>(positions / pitch);
   l.out_cols = static_cast<int>(out_cols);
   l.tiles_w = static_cast<int>((p.out_w + out_cols - 1) / out_cols);
-  const int64_t rows_span = int64_t(l.rows) * p.dilation_h;
-  l.tiles_h = static_cast<int>((p.out_h + rows_span - 1) / rows_span * p.dilation_h);
+  l.tiles_h = phase_row_tiles(p.out_h, l.rows, p.dilation_h);
   l.halo_rows = static_cast<int>(halo_rows);
   const int64_t halo = halo_rows * pitch + (p.kernel_w - 1) * p.dilation_w;
   l.halo_pixels = static_cast<int>(halo);
@@ -370,7 +386,10 @@ inline Layout layout(const ConvParams& p, bool split) {
   l.smem_bytes = INT64_MAX;
   // The halo and grad_output arrive by TMA: 16-byte rows of the input,
   // dilated rows at most 8 apart.
-  if (p.stride_h != 1 || p.stride_w != 1 || p.in_w % 4 != 0 || p.dilation_h > 8) return l;
+  if (p.stride_h != 1 || p.stride_w != 1 || p.in_w % 4 != 0 ||
+      p.dilation_h > kMaxTmaElementStride) {
+    return l;
+  }
   const int64_t taps = p.kernel_h * p.kernel_w;
   const int64_t groups8 = (p.in_channels_per_group() + 7) / 8;
   l.units = static_cast<int>(groups8 * taps);
@@ -380,7 +399,7 @@ inline Layout layout(const ConvParams& p, bool split) {
   int64_t cols = kCols + 3 + (p.kernel_w - 1) * p.dilation_w;
   cols = (cols + 3) / 4 * 4;
   if (cols % 8 == 0) cols += 4;
-  if (cols > 256) return l;
+  if (cols > kMaxTmaBox) return l;
   l.halo_cols = static_cast<int>(cols);
   auto round128 = [](int64_t floats) { return (floats + 31) / 32 * 32; };
   // Tiles per block: the least work counting padded units and, per block,
@@ -397,7 +416,7 @@ inline Layout layout(const ConvParams& p, bool split) {
       for (int rows = kMaxRows; rows >= 1; rows /= 2) {
         if (rows > 1 && rows * p.dilation_h > p.out_h) continue;
         const int64_t halo_rows = (rows + p.kernel_h - 1) | 1;
-        if (halo_rows * p.dilation_h > 256) continue;
+        if (halo_rows * p.dilation_h > kMaxTmaBox) continue;
         const int64_t plane = halo_rows * cols;
         const int64_t halo = round128(span * 8 * plane);
         const int64_t raw = int64_t(kCo) * rows * kCols;
@@ -421,8 +440,7 @@ inline Layout layout(const ConvParams& p, bool split) {
     }
   }
   if (l.smem_bytes == INT64_MAX) return l;
-  const int64_t rows_span = int64_t(l.rows) * p.dilation_h;
-  l.tiles_h = static_cast<int>((p.out_h + rows_span - 1) / rows_span * p.dilation_h);
+  l.tiles_h = phase_row_tiles(p.out_h, l.rows, p.dilation_h);
   l.k_tiles = p.batch * l.tiles_h * int64_t(l.tiles_w);
   l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
   if (p.groups * l.co_tiles * int64_t(l.unit_blocks) >= (int64_t(1) << 31)) {

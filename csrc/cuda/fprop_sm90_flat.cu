@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     it.n = static_cast<int>(n);
     const int tile_h = tile / L.tiles_w;
     it.ow0 = (tile - tile_h * L.tiles_w) * L.out_cols;
-    it.oh0 = (tile_h / dh) * L.rows * dh + tile_h % dh;  // rows oh0 + dh*r
+    it.oh0 = phase_row0(tile_h, L.rows, dh);  // rows oh0 + dh*r
     it.ih0 = it.oh0 - p.pad_h;
     it.iw0 = it.ow0 - p.pad_w;
     return it;

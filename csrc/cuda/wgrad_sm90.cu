@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     const int rest = static_cast<int>(kt - int64_t(t.n) * tiles_hw);
     const int tile_h = rest / L.tiles_w;
     t.ow0 = (rest - tile_h * L.tiles_w) * cfg::kCols;
-    t.oh0 = (tile_h / dh) * rows * dh + tile_h % dh;  // rows oh0 + dh*r
+    t.oh0 = phase_row0(tile_h, rows, dh);  // rows oh0 + dh*r
     return t;
   };
 
@@ -295,8 +295,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     const Tile t = tile_of(kt);
     const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
     const float* hb = halo0 + buf * L.halo_floats + (iw0 & 3);
-    int valid_rows = 0;
-    while (valid_rows < rows && t.oh0 + dh * valid_rows < Ho) ++valid_rows;
+    const int valid_rows = min(rows, (Ho - t.oh0 + dh - 1) / dh);  // oh0 + dh*r < Ho
     const int cols = Wo - t.ow0;
     mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
     if (cols >= cfg::kCols) {
