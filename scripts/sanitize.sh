@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (27 tests):
+# Default subset (29 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -20,7 +20,9 @@
 #   phase no tap reaches, one starting at a later grad_output row), IEEE
 #   mode; the sm_90 wgrad (also on cases 25 and 28) on cases 39 (grad_output
 #   copied without TMA, a K tile past the right edge) and 40 (7x7, units of
-#   several channel groups, padding), TF32 and IEEE modes;
+#   several channel groups, padding), TF32 and IEEE modes; the flat
+#   3xTF32 forward with three k8 steps per temporary on cases 42 (a 9-step
+#   stage) and 43 (5x5: a 5-step stage), IEEE mode;
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
 #   blocks;
@@ -52,7 +54,7 @@ else
       tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[$mode-case$c]")
     done
   done
-  for c in 31 35 37; do
+  for c in 31 35 37 42 43; do
     tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[ieee-case$c]")
   done
   for mode in ieee tf32; do

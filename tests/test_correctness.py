@@ -78,6 +78,10 @@ TENSOR_CORE = [
     (1, 12, 5, 60, 70, (3, 3), 1, 0, 1, 1, False),
     (2, 24, 12, 100, 16, (7, 7), 1, 3, 1, 1, True),
     (1, 16, 7, 64, 8, (3, 3), 1, 0, 1, 1, True),
+    # The flat 3xTF32 forward with three k8 steps per temporary (K >= 512):
+    # a 9-step stage (3x3) and a 5-step stage (5x5: three, then two).
+    (1, 64, 9, 64, 16, (3, 3), 1, 1, 1, 1, True),
+    (1, 24, 10, 64, 16, (5, 5), 1, 2, 1, 1, False),
 ]
 
 
