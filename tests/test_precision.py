@@ -37,9 +37,16 @@ LONG = {
 }
 
 
-# Known gap (issue 4): dgrad of the 5x9 layer, run as a 3xTF32 forward over
-# K = 64*45 products, measures 3.5e-7 against cuDNN's 1.9e-7.
-_KNOWN_GAPS = {("5x9", "grad_input")}
+# A short wgrad reduction (N*Ho*Wo = 1024), where the operand splitting,
+# not the accumulation, sets the error.
+SHORT = {"3x3_short": (1, 16, 16, 64, 32, (3, 3), 1)}
+
+# Known gaps (issue 4): dgrad of the 5x9 layer, run as a 3xTF32 forward over
+# K = 64*45 products, measures 2.8e-7 against cuDNN's 1.9e-7; the short
+# wgrad 2.5e-7 against 1.2e-7 (3xTF32 drops small*small and rounds the
+# small parts: about 2e-7 however short K is; cuDNN's FP32 is exact per
+# product).
+_KNOWN_GAPS = {("5x9", "grad_input"), ("3x3_short", "grad_weight")}
 
 
 @cuda_only
@@ -48,14 +55,13 @@ _KNOWN_GAPS = {("5x9", "grad_input")}
     [
         pytest.param(name, p, marks=[pytest.mark.xfail(strict=True, reason="known gap, issue 4")]
                      if (name, p) in _KNOWN_GAPS else [])
-        for name in LONG
-        for p in PASSES
+        for name, p in [(name, p) for name in LONG for p in PASSES] + [("3x3_short", "grad_weight")]
     ],
 )
 def test_ieee_mode_as_accurate_as_cudnn(name, pass_):
     """The precision contract: in IEEE mode each pass's relative error
     against float64 is no worse than cuDNN's strict FP32 on the same inputs."""
-    n, cin, h, w, cout, k, pad = LONG[name]
+    n, cin, h, w, cout, k, pad = {**LONG, **SHORT}[name]
     x = torch.randn(n, cin, h, w, device="cuda")
     wt = torch.randn(cout, cin, *k, device="cuda")
     gy = torch.randn(n, cout, h + 2 * pad - k[0] + 1, w + 2 * pad - k[1] + 1, device="cuda")
