@@ -10,13 +10,12 @@
 // accumulate, so each k8 step's small*big + big*small + big*big goes into
 // a zeroed temporary that is added to the accumulators with FADDs (kGroup
 // steps per temporary, two or three by the length of K; see the launch). A
-// temporary of the whole
-// 256-position tile would not fit next to them, so two steps run as four
-// m64n64k8 quarters, each quarter's six products into one of two
-// alternating 32-register temporaries, with A (the weights) from registers,
-// split as loaded. The halo's big and small parts take both halo buffers,
-// so a chunk is split at its start instead of under the previous chunk
-// (two blocks per SM overlap that).
+// temporary of the whole 256-position tile would not fit next to them, so
+// kGroup steps run as four m64n64k8 quarters, each quarter's 3 * kGroup
+// products into one of two alternating 32-register temporaries, with A
+// (the weights) from registers, split as loaded. The halo's big and small
+// parts take both halo buffers, so a chunk is split at its start instead
+// of under the previous chunk (two blocks per SM overlap that).
 //
 // wgmma reads TF32 B only K-major, so the halo of a chunk of input channels
 // is stored channel-interleaved, [4-channel plane][pixel][4 channels], and
