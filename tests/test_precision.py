@@ -80,3 +80,59 @@ def test_ieee_mode_as_accurate_as_cudnn(name, pass_):
     assert ours[pass_] <= cudnn[pass_], (
         f"{name} {pass_}: relative error {ours[pass_]:.3g} > cuDNN's {cudnn[pass_]:.3g}"
     )
+
+
+def _tf32_round(t):
+    """Round to nearest TF32, ties away from zero (finite values)."""
+    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def _tf32_truncate(t):
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def _between_tf32(*shape):
+    """Positive random values 3/4 of a TF32 ulp above a TF32 value: rounding
+    to nearest goes up, truncation down, by amounts a sum of positive
+    products accumulates instead of averaging out."""
+    ulps = torch.randint(0, 1024, shape, device="cuda").double()
+    exponents = torch.randint(-2, 3, shape, device="cuda").double()
+    return ((1 + (ulps + 0.75) / 1024) * 2.0**exponents).float()  # exact in float32
+
+
+# Unit stride reaches the wgmma kernels on sm_90 (64 output columns: flat
+# forward and dgrad, sm_90 wgrad), stride 2 the mma.sync ones (forward and
+# wgrad) and dgrad by phase.
+@cuda_only
+@pytest.mark.parametrize("stride", [1, 2])
+def test_tf32_mode_rounds_operands_to_nearest(stride):
+    """TF32 mode rounds every operand to nearest TF32 (not truncated, as the
+    tensor cores would, nor kept at FP32): each pass's sum of positive
+    products matches the float64 result on rounded operands, and is off the
+    one on unrounded operands by the rounding's bias."""
+    x = _between_tf32(1, 16, 16, 64)
+    wt = _between_tf32(32, 16, 3, 3)
+    with torch.no_grad():
+        out_shape = F.conv2d(x, wt, None, stride, 1).shape
+    gy = _between_tf32(*out_shape)
+
+    def bias(outs, refs):
+        # Relative bias of the sum: a rounding mode shifts it by 1e-4 to 1e-3.
+        return [float((o.double().cpu() - r).sum() / r.sum()) for o, r in zip(outs, refs)]
+
+    xr, wr = x.clone().requires_grad_(), wt.clone().requires_grad_()
+    with tf32_mode(True):
+        y = conv2d_ext.conv2d(xr, wr, None, stride, 1)
+        outs = (y, *torch.autograd.grad(y, [xr, wr], gy))
+    rounded = bias(outs, reference(_tf32_round(x), _tf32_round(wt), None, stride, 1, 1, 1,
+                                   grad_out=_tf32_round(gy)))
+    exact = bias(outs, reference(x, wt, None, stride, 1, 1, 1, grad_out=gy))
+    truncated = bias(outs, reference(_tf32_truncate(x), _tf32_truncate(wt), None, stride, 1, 1,
+                                     1, grad_out=_tf32_truncate(gy)))
+    for name, r, e, t in zip(PASSES, rounded, exact, truncated):
+        # Rounded operands: only FP32 accumulation (<= 3e-5 here); unrounded
+        # ones would be 3e-4 off, truncated ones 1e-3.
+        assert abs(r) < 1e-4 and e > 2e-4 and t > 8e-4, (
+            f"{name}: bias {r:.2e} against rounded operands, {e:.2e} against exact, "
+            f"{t:.2e} against truncated"
+        )

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
     float v = weight_or_zero(p, w, order, t.g, t.co_tile * cfg::kCo + n,
                              t.chunk * cfg::kChunk + k, t.kh, t.kw);
     if (math == MathMode::kTF32) {
-      v = __uint_as_float(tf32_round(v));
+      v = __uint_as_float(tf32_operand(v));
     } else if (split) {
       uint32_t big, small;
       tf32_split(v, big, small);
@@ -92,7 +92,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[kFrags][8][4],
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if constexpr (kMath == TcMath::kTF32) {
-        a_big[f][i] = tf32_round(a[f][i]);
+        a_big[f][i] = tf32_operand(a[f][i]);
       } else {
         tf32_split(a[f][i], a_big[f][i], a_small[f][i]);
       }
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 #pragma unroll
             for (int f = 0; f < cfg::kWarpFrags; ++f)
 #pragma unroll
-              for (int i = 0; i < 4; ++i) ab[f][i] = tf32_round(a[f][i]);
+              for (int i = 0; i < 4; ++i) ab[f][i] = tf32_operand(a[f][i]);
           };
           auto issue = [&](int t, const AFrags& ab) {
             const uint64_t desc = wgmma_desc_k8(b_stage + t * tap_bytes);

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
     const int k = 4 * (t.within >> 8) + (t.within & 3);
     const float v = weight_or_zero(p, w, order, t.g, t.co_tile * cfg::kCo + m,
                                    (t.chunk * ksteps + t.kstep) * 8 + k, t.kh, t.kw);
-    out[e] = round ? __uint_as_float(tf32_round(v)) : v;
+    out[e] = round ? __uint_as_float(tf32_operand(v)) : v;
   }
 }
 
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
                                           __uint_as_float(small[6]), __uint_as_float(small[7]));
         } else {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = ok[e] ? __uint_as_float(tf32_round(v[e])) : 0.f;
+          for (int e = 0; e < 8; ++e) v[e] = ok[e] ? __uint_as_float(tf32_operand(v[e])) : 0.f;
           out[i] = make_float4(v[0], v[1], v[2], v[3]);
           out[hp + i] = make_float4(v[4], v[5], v[6], v[7]);
         }

@@ -14,35 +14,35 @@ enum class TcMath {
   k3xTF32,   // big + small split: three products, FP32-accurate
 };
 
-__device__ __forceinline__ uint32_t tf32_round(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
+// x as a TF32 tensor-core operand, rounded to nearest (ties away, as
+// cvt.rna): the tensor cores read an operand's top 19 bits and ignore the
+// low 13, so adding half a TF32 ulp to the bits is enough (cvt.rna also
+// clears them: three instructions where this takes two). Inf and NaN are
+// left alone: a carry out of a NaN's mantissa (CUDA's NaN is 0x7fffffff)
+// would make it a signed zero. Only for values the tensor cores read: the
+// low bits stay, so the result is not x rounded as a float.
+__device__ __forceinline__ uint32_t tf32_operand(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  return isfinite(x) ? bits + 0x1000u : bits;
 }
 
-// x = big + small: big is x truncated to TF32 (kRoundBig: rounded to
-// nearest), small the residual rounded to TF32. big*big + big*small +
-// small*big misses only small*small, about 2^-22 of the product. A
-// truncated big leaves up to a TF32 ulp, which small carries to 2^-21 of x;
-// a rounded one half an ulp, carried to 2^-23, for a conversion and a check
-// more: wgrad, whose long reductions need the margin against cuDNN's FP32,
-// rounds; the forward, where it cost 20%, truncates.
-// Non-finite x: clamping first makes big the largest finite TF32 and small
-// x itself (Inf) or NaN, so Inf*b stays Inf even where b's small part is
-// zero (Inf as big would give Inf*0 = NaN there), and NaN stays NaN. Finite
-// x that would round up past the largest TF32 are truncated instead.
+// x = big + small, both tensor-core operands: big is x truncated to TF32
+// (kRoundBig: rounded to nearest), an exact TF32 value; small the residual,
+// rounded as an operand. big*big + big*small + small*big misses only
+// small*small, about 2^-22 of the product. A truncated big leaves up to a
+// TF32 ulp, which small carries to 2^-21 of x; a rounded one half an ulp,
+// carried to 2^-23, for an instruction more: wgrad, whose long reductions
+// need the margin against cuDNN's FP32, rounds; the forward truncates.
+// Non-finite x: clamping to the largest finite TF32 first makes big that
+// and small x itself (Inf) or NaN, so Inf*b stays Inf even where b's small
+// part is zero (Inf as big would give Inf*0 = NaN there), and NaN stays
+// NaN. Rounding a clamped value cannot carry past the largest TF32.
 template <bool kRoundBig = false>
 __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& small) {
-  constexpr float kMax = 3.40282347e38f;  // FLT_MAX
-  const float clamped = fminf(fmaxf(x, -kMax), kMax);
-  const uint32_t truncated = __float_as_uint(clamped) & 0xffffe000u;
-  if (kRoundBig) {
-    big = tf32_round(clamped);
-    if ((big & 0x7fffffffu) == 0x7f800000u) big = truncated;
-  } else {
-    big = truncated;
-  }
-  small = tf32_round(x - __uint_as_float(big));
+  constexpr float kMax = 0x1.ff8p127f;  // (2 - 2^-10) * 2^127, the largest TF32
+  const uint32_t clamped = __float_as_uint(fminf(fmaxf(x, -kMax), kMax));
+  big = (kRoundBig ? clamped + 0x1000u : clamped) & 0xffffe000u;
+  small = tf32_operand(x - __uint_as_float(big));
 }
 
 // D += A * B for one m16n8k8 TF32 tile (A row-major 16x8, B column-major
@@ -72,6 +72,14 @@ __device__ __forceinline__ void cp_async_4(void* smem, const float* src,
                    smem_addr(smem)),
                "l"(src), "r"(valid ? 4 : 0));
 #endif
+}
+
+// One 16-byte shared store of four operands. nvcc splits some uint4
+// stores through a float pointer into four 4-byte ones.
+__device__ __forceinline__ void st_shared_16(void* smem, uint32_t a, uint32_t b, uint32_t c,
+                                             uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(smem)), "r"(a),
+               "r"(b), "r"(c), "r"(d));
 }
 
 // 16-byte async copy that writes zeros instead when !valid (src is not

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             if (kMath == TcMath::kTF32) {
-              a_big[f][e] = tf32_round(v[e]);
+              a_big[f][e] = tf32_operand(v[e]);
             } else {
               tf32_split</*kRoundBig=*/true>(v[e], a_big[f][e], a_small[f][e]);
             }
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
           const float v0 = keep0 ? b_src[0] : 0.f;
           const float v1 = keep1 ? b_src[4 * sw] : 0.f;
           if (kMath == TcMath::kTF32) {
-            const uint32_t b[2] = {tf32_round(v0), tf32_round(v1)};
+            const uint32_t b[2] = {tf32_operand(v0), tf32_operand(v1)};
 #pragma unroll
             for (int f = 0; f < 4; ++f) mma_tf32(acc[j][f], a_big[f], b);
           } else {

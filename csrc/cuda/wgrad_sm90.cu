@@ -162,28 +162,36 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     }
     cp_async_commit();
   };
-  // raw -> B: a thread takes a quad of positions of one channel; the 8
-  // lanes of a store phase take 8 consecutive quads (one 128-byte row of
-  // raw; 8 bank groups of B thanks to the half padding).
+  // raw -> B. A thread keeps position quad tq16 = tid % 16 of every row
+  // and channels c8 + 8j (c8 = tid / 16): no divisions, and the 8 lanes of
+  // a store phase take 8 consecutive quads of one channel (one 128-byte row
+  // of raw; 8 bank groups of B thanks to the half padding).
+  static_assert(cfg::kThreads == 8 * (cfg::kCols / 4) && cfg::kCo == 64,
+                "the rearrangement maps 128 threads onto 16 quads x 8 channels");
   auto rearrange = [&] {
-    const int quads = rows * (cfg::kCols / 4);
-    for (int e = threadIdx.x; e < cfg::kCo * quads; e += cfg::kThreads) {
-      const int co = e / quads, q = e - co * quads;
-      const float4 v = *reinterpret_cast<const float4*>(raw + co * rows * cfg::kCols + 4 * q);
-      const int at = (q >> 1) * cfg::kStepFloats + (q & 1) * cfg::kHalfFloats +
-                     (co >> 3) * 32 + (co & 7) * 4;
-      if constexpr (kSplit) {
-        uint32_t big[4], small[4];
-        tf32_split</*kRoundBig=*/true>(v.x, big[0], small[0]);
-        tf32_split</*kRoundBig=*/true>(v.y, big[1], small[1]);
-        tf32_split</*kRoundBig=*/true>(v.z, big[2], small[2]);
-        tf32_split</*kRoundBig=*/true>(v.w, big[3], small[3]);
-        *reinterpret_cast<uint4*>(bmat + at) = make_uint4(big[0], big[1], big[2], big[3]);
-        *reinterpret_cast<uint4*>(bmat + L.b_floats + at) =
-            make_uint4(small[0], small[1], small[2], small[3]);
-      } else {
-        *reinterpret_cast<uint4*>(bmat + at) =
-            make_uint4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w));
+    const int tq16 = threadIdx.x % 16, c8 = threadIdx.x / 16;
+#pragma unroll 1
+    for (int r = 0; r < rows; ++r) {
+      const int q = 16 * r + tq16;
+      const float* src = raw + (c8 * rows + r) * cfg::kCols + 4 * tq16;
+      float* dst = bmat + (q >> 1) * cfg::kStepFloats + (q & 1) * cfg::kHalfFloats + c8 * 4;
+#pragma unroll
+      for (int j = 0; j < cfg::kCo / 8; ++j) {
+        // Channel c8 + 8j: raw's line 8j*rows further, B's row group j.
+        const float4 v = *reinterpret_cast<const float4*>(src + 8 * j * rows * cfg::kCols);
+        float* d = dst + 32 * j;
+        if constexpr (kSplit) {
+          uint32_t big[4], small[4];
+          tf32_split</*kRoundBig=*/true>(v.x, big[0], small[0]);
+          tf32_split</*kRoundBig=*/true>(v.y, big[1], small[1]);
+          tf32_split</*kRoundBig=*/true>(v.z, big[2], small[2]);
+          tf32_split</*kRoundBig=*/true>(v.w, big[3], small[3]);
+          st_shared_16(d, big[0], big[1], big[2], big[3]);
+          st_shared_16(d + L.b_floats, small[0], small[1], small[2], small[3]);
+        } else {
+          st_shared_16(d, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
+                       tf32_operand(v.w));
+        }
       }
     }
   };
@@ -226,7 +234,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
             if constexpr (kSplit) {
               tf32_split</*kRoundBig=*/true>(v[e], a_big[set][t][e], a_small[set][t][e]);
             } else {
-              a_big[set][t][e] = tf32_round(v[e]);
+              a_big[set][t][e] = tf32_operand(v[e]);
             }
           }
         }
