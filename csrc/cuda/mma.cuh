@@ -29,10 +29,15 @@ __device__ __forceinline__ uint32_t tf32_operand(float x) {
 // x = big + small, both tensor-core operands: big is x truncated to TF32
 // (kRoundBig: rounded to nearest), an exact TF32 value; small the residual,
 // rounded as an operand. big*big + big*small + small*big misses only
-// small*small, about 2^-22 of the product. A truncated big leaves up to a
-// TF32 ulp, which small carries to 2^-21 of x; a rounded one half an ulp,
-// carried to 2^-23, for an instruction more: wgrad, whose long reductions
-// need the margin against cuDNN's FP32, rounds; the forward truncates.
+// small*small. A truncated big leaves up to 2^-10 of x to small (rounding
+// small then leaves 2^-21 of x) and misses a small*small of up to 2^-20 of
+// the product, with its sign; a rounded big leaves 2^-11 (2^-22) and up
+// to 2^-22 of either sign, for one addition more. wgrad, whose long
+// reductions need the margin against cuDNN's FP32, rounds. The forward
+// (and dgrad through it) truncates: rounding there measured 2.5-4% slower
+// on a, b and c (H100, IEEE mode) for errors of 1.4-2.3e-7 instead of
+// 2.1-2.8e-7, and the one gap to cuDNN it narrows (5x9 dgrad: 2.25e-7
+// against 1.9e-7, see the precision tests) stays open.
 // Non-finite x: clamping to the largest finite TF32 first makes big that
 // and small x itself (Inf) or NaN, so Inf*b stays Inf even where b's small
 // part is zero (Inf as big would give Inf*0 = NaN there), and NaN stays
