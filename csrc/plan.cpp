@@ -19,6 +19,13 @@ std::atomic<bool> g_flat_kernels{true};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
+
+// sm_90a code runs on compute capability 9.0 only; other GPUs get the
+// mma.sync loops (sm_80 and newer).
+bool hopper_kernels(int sm) {
+  return sm == 90 && built_with_sm90a() && g_hopper_kernels.load(std::memory_order_relaxed);
+}
+
 bool set_flat_kernels(bool enable) { return g_flat_kernels.exchange(enable); }
 
 bool allow_tf32_conv() {
@@ -43,12 +50,6 @@ namespace {
 // on the direct kernels, which are FP32-accurate in both modes.
 bool tensor_core_channels(const ConvParams& p) {
   return p.in_channels_per_group() >= 8 && p.out_channels_per_group() >= 8;
-}
-
-// sm_90a code runs on compute capability 9.0 only; other GPUs get the
-// mma.sync loops (sm_80 and newer).
-bool hopper_kernels(int sm) {
-  return sm == 90 && built_with_sm90a() && g_hopper_kernels.load(std::memory_order_relaxed);
 }
 
 // The forward's choice among its kernels; kDirect when no tensor-core

@@ -53,6 +53,11 @@ bool built_with_sm90a();
 // previous setting.
 bool set_hopper_kernels(bool enable);
 
+// Whether Hopper-only code (wgmma, the tensor-copy engine) runs on a GPU of
+// compute capability `sm`: the binary has sm_90a code and the tests have
+// not switched it off.
+bool hopper_kernels(int sm);
+
 // Tests only: allow (default) or forbid the flat sm_90 kernel, so that the
 // other wgmma kernel can be tested on unit-stride shapes too.
 bool set_flat_kernels(bool enable);

@@ -519,13 +519,20 @@ inline Halo halo(int64_t out_rows, int64_t out_cols, int64_t kernel_h, int64_t k
 // output-channel tile. Narrow tiles stack 32 rows, so their halo grows
 // with the stride; where it does not fit, layers of 3 or 4 output channels
 // per group take the wide tile (2 rows) instead.
+// One staged image: the group's input channels, each a Halo plane of
+// `plane_floats`; 128-byte aligned, as the tensor-copy engine writes.
+constexpr int64_t fprop_buffer_floats(int64_t cin, int64_t plane_floats) {
+  return (cin * plane_floats + 31) / 32 * 32;
+}
 inline int64_t fprop_smem_bytes(const ConvParams& p, bool narrow_tile) {
   const int64_t cin = p.in_channels_per_group();
   const int rows = narrow_tile ? kNarrowRows * kSlots : kWideRows;
   const int64_t co_tile = narrow_tile ? p.out_channels_per_group() : kWideCo * kSlots;
   const Halo h = halo(rows, kTileCols, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
                       p.dilation_h, p.dilation_w);
-  return 4 * (kFpropStages * cin * h.floats + cin * p.kernel_h * p.kernel_w * co_tile);
+  if (h.floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
+  return 4 * (kFpropStages * fprop_buffer_floats(cin, h.floats) +
+              cin * p.kernel_h * p.kernel_w * co_tile);
 }
 inline bool fprop_narrow(const ConvParams& p) {
   return narrow(p) && (p.out_channels_per_group() <= 2 ||

@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (29 tests):
+# Default subset (31 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -29,9 +29,11 @@
 # - tests/test_small_channels.py::test_small_channels_against_float64, TF32
 #   mode (the small-channel kernels are FFMA in both modes), forward, dgrad
 #   and wgrad of one case: the depthwise kernels on cases 0 (3x3), 1 (3x3,
-#   depth multiplier 2, stride 2) and 7 (generic 3x5, multiplier 2, stride
-#   (2, 1)); the few-channel kernels on case 13 (RGB stem, 7x7, stride 2);
-#   the narrow tile with 4 output channels per group on case 24.
+#   depth multiplier 2, stride 2), 3 (5x5, rows of 64 and 60 floats: the
+#   forward and dgrad stage by TMA on Hopper) and 7 (generic 3x5,
+#   multiplier 2, stride (2, 1)); the few-channel kernels on cases 13 (RGB
+#   stem, 7x7, stride 2) and 17 (rows of 68 floats: TMA); the narrow tile
+#   with 4 output channels per group on case 24.
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -60,7 +62,7 @@ else
   for mode in ieee tf32; do
     tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
   done
-  for c in 0 1 7 13 24; do
+  for c in 0 1 3 7 13 17 24; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
   done
 fi

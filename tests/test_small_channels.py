@@ -133,6 +133,19 @@ def test_small_channels_against_float64(case, device, precision):
     _run(case, device, torch.float32)
 
 
+@cuda_only
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_small_channels_without_copy_engine(case, precision):
+    """On Hopper the forward (and dgrad through it) stages rows of a
+    multiple of 4 floats with the tensor-copy engine; the async copies that
+    other GPUs use are checked here with the Hopper code off."""
+    previous = ops._set_hopper_kernels(False)
+    try:
+        _run(case, "cuda", torch.float32)
+    finally:
+        ops._set_hopper_kernels(previous)
+
+
 @pytest.mark.parametrize("case", FLOAT64_CASES, ids=[f"f64case{i}" for i in range(len(FLOAT64_CASES))])
 @pytest.mark.parametrize("device", DEVICES)
 def test_small_channels_float64(case, device):
