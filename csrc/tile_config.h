@@ -484,9 +484,12 @@ constexpr int kWideCo = 16;
 constexpr int kDgradCoChunk = 4;
 constexpr int64_t kMaxSmemBytes = 100 * 1024;
 // Staged tiles per block: a block computes one while the copies of the
-// next fly. The forward measured the same with three as with two; wgrad
-// (which stages grad_output too) gained 11% from three.
-constexpr int kFpropStages = 2;
+// next fly. wgrad (which stages grad_output too) gained 11% from three.
+// The forward gained 4-16% from three once the tensor-copy engine staged
+// it (dw_5x5 0.145 -> 0.125 ms on the H100); it takes three where they fit
+// in kFpropThreeStageBytes (three blocks per SM), else two.
+constexpr int kFpropStages = 3;
+constexpr int64_t kFpropThreeStageBytes = 72 * 1024;
 constexpr int kHaloStages = 3;
 
 inline bool narrow(const ConvParams& p) { return p.out_channels_per_group() <= kNarrowMaxCo; }
@@ -524,19 +527,20 @@ inline Halo halo(int64_t out_rows, int64_t out_cols, int64_t kernel_h, int64_t k
 constexpr int64_t fprop_buffer_floats(int64_t cin, int64_t plane_floats) {
   return (cin * plane_floats + 31) / 32 * 32;
 }
-inline int64_t fprop_smem_bytes(const ConvParams& p, bool narrow_tile) {
+inline int64_t fprop_smem_bytes(const ConvParams& p, bool narrow_tile, int stages) {
   const int64_t cin = p.in_channels_per_group();
   const int rows = narrow_tile ? kNarrowRows * kSlots : kWideRows;
   const int64_t co_tile = narrow_tile ? p.out_channels_per_group() : kWideCo * kSlots;
   const Halo h = halo(rows, kTileCols, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
                       p.dilation_h, p.dilation_w);
   if (h.floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
-  return 4 * (kFpropStages * fprop_buffer_floats(cin, h.floats) +
+  return 4 * (stages * fprop_buffer_floats(cin, h.floats) +
               cin * p.kernel_h * p.kernel_w * co_tile);
 }
+// Which tile and whether the kernel fits are decided at two stages.
 inline bool fprop_narrow(const ConvParams& p) {
   return narrow(p) && (p.out_channels_per_group() <= 2 ||
-                       fprop_smem_bytes(p, true) <= kMaxSmemBytes);
+                       fprop_smem_bytes(p, true, 2) <= kMaxSmemBytes);
 }
 inline int fprop_tile_rows(const ConvParams& p) {
   return fprop_narrow(p) ? kNarrowRows * kSlots : kWideRows;
@@ -545,11 +549,17 @@ inline Halo fprop_halo(const ConvParams& p) {
   return halo(fprop_tile_rows(p), kTileCols, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
               p.dilation_h, p.dilation_w);
 }
+inline int fprop_stages(const ConvParams& p) {
+  return fprop_smem_bytes(p, fprop_narrow(p), kFpropStages) <= kFpropThreeStageBytes
+             ? kFpropStages
+             : 2;
+}
 inline int64_t fprop_smem_bytes(const ConvParams& p) {
-  return fprop_smem_bytes(p, fprop_narrow(p));
+  return fprop_smem_bytes(p, fprop_narrow(p), fprop_stages(p));
 }
 inline bool fprop_fits(const ConvParams& p) {
-  return p.in_channels_per_group() <= kMaxChannels && fprop_smem_bytes(p) <= kMaxSmemBytes;
+  return p.in_channels_per_group() <= kMaxChannels &&
+         fprop_smem_bytes(p, fprop_narrow(p), 2) <= kMaxSmemBytes;
 }
 
 // dgrad (any stride): one stride phase of the input per block, a tile of
