@@ -44,29 +44,29 @@ __device__ __forceinline__ void tap_weights(const float* s, float (&wv)[kCo]) {
 
 // kCo output channels x kRows rows per thread; kCoGroups slots split the
 // channel tile, the others stack rows.
-template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups>
+template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups, int kStages>
 // Several blocks per SM keep more copies in flight: three with one output
 // channel per group (at most 85 registers; two channels would spill).
 __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
     fprop_small_channels_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                                 const float* __restrict__ x, const float* __restrict__ w,
                                 const float* __restrict__ bias, float* __restrict__ y,
-                                WeightOrder order, bool vec, bool tma, int stages,
-                                int halo_rows, int pitch) {
+                                WeightOrder order, bool vec, bool tma, int halo_rows,
+                                int pitch) {
   constexpr int kRowGroups = sc::kSlots / kCoGroups;
   constexpr int kTileRows = kRows * kRowGroups;
   constexpr int kCoTile = kCo * kCoGroups;
   extern __shared__ __align__(128) float4 smem4[];
-  __shared__ uint64_t staged[sc::kFpropStages];
+  __shared__ uint64_t staged[kStages];
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
   const int taps = KH * KW;
-  // A ring of `stages` halo buffers (two or three): the next images'
-  // copies fly while one computes.
+  // A ring of kStages halo buffers (two or three, sc::fprop_stages): the
+  // next images' copies fly while one computes.
   const int buf_floats = static_cast<int>(sc::fprop_buffer_floats(cin_g, halo_rows * pitch));
-  float* s_buf = reinterpret_cast<float*>(smem4);  // [stages][ci][halo_rows][pitch]
-  float* s_w = s_buf + stages * buf_floats;        // [ci][kh][kw][kCoTile]
+  float* s_buf = reinterpret_cast<float*>(smem4);  // [kStages][ci][halo_rows][pitch]
+  float* s_w = s_buf + kStages * buf_floats;        // [ci][kh][kw][kCoTile]
 
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   // barrier; a bit per buffer tracks the phase to wait for.
   if (tma && threadIdx.x == 0) {
 #pragma unroll
-    for (int k = 0; k < sc::kFpropStages; ++k) mbarrier_init(&staged[k], 1);
+    for (int k = 0; k < kStages; ++k) mbarrier_init(&staged[k], 1);
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -121,8 +121,9 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
                                  halo_rows * pitch, vec);
     };
     // Groups are committed even when empty, so that the wait below counts
-    // stages - 1 groups younger than the current image's.
-    for (int k = 0; k < stages - 1; ++k) {
+    // kStages - 1 groups younger than the current image's.
+#pragma unroll
+    for (int k = 0; k < kStages - 1; ++k) {
       const int n = blockIdx.z + k * gridDim.z;
       if (n < p.batch) stage(n, k);
       cp_async_commit();
@@ -131,18 +132,14 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
     for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
       // Refills the buffer consumed in the previous iteration (barrier at
       // its end).
-      const int ahead = n + (stages - 1) * gridDim.z;
-      if (ahead < p.batch) stage(ahead, (buf + stages - 1) % stages);
+      const int ahead = n + (kStages - 1) * gridDim.z;
+      if (ahead < p.batch) stage(ahead, (buf + kStages - 1) % kStages);
       if (tma) {
         mbarrier_wait(&staged[buf], (phases >> buf) & 1);
         phases ^= 1u << buf;
       } else {
         cp_async_commit();
-        if (stages == 3) {
-          cp_async_wait<2>();
-        } else {
-          cp_async_wait<1>();
-        }
+        cp_async_wait<kStages - 1>();
       }
       __syncthreads();  // every thread's copies; a new channel tile's weights
       const float* s_x = s_buf + buf * buf_floats;
@@ -221,7 +218,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
         }
       }
       __syncthreads();  // this buffer is consumed before it is refilled
-      buf = (buf + 1) % stages;
+      buf = (buf + 1) % kStages;
     }
   }
 }
@@ -241,10 +238,17 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   const int64_t z = std::min({p.batch, kMaxGridYZ, ceil_div(8 * int64_t(sms), xy)});
   const dim3 grid(ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols),
                   std::min(p.groups * co_tiles, kMaxGridYZ), z);
-  auto kernel = fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups>;
-  ensure_dynamic_smem(kernel, smem);
-  kernel<<<grid, sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-      x_map, p, x, w, bias, y, order, vec, tma, sc::fprop_stages(p), h.rows, h.pitch);
+  auto run = [&](auto kernel) {
+    ensure_dynamic_smem(kernel, smem);
+    kernel<<<grid, sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        x_map, p, x, w, bias, y, order, vec, tma, h.rows, h.pitch);
+  };
+  static_assert(sc::kFpropStages == 3, "one instantiation per stage count");
+  if (sc::fprop_stages(p) == 3) {
+    run(fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 3>);
+  } else {
+    run(fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 2>);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
