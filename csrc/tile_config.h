@@ -522,10 +522,12 @@ inline Halo halo(int64_t out_rows, int64_t out_cols, int64_t kernel_h, int64_t k
 // output-channel tile. Narrow tiles stack 32 rows, so their halo grows
 // with the stride; where it does not fit, layers of 3 or 4 output channels
 // per group take the wide tile (2 rows) instead.
+// Staged buffers start 128-byte aligned, as the tensor-copy engine writes.
+constexpr int64_t aligned_floats(int64_t floats) { return (floats + 31) / 32 * 32; }
 // One staged image: the group's input channels, each a Halo plane of
-// `plane_floats`; 128-byte aligned, as the tensor-copy engine writes.
+// `plane_floats`.
 constexpr int64_t fprop_buffer_floats(int64_t cin, int64_t plane_floats) {
-  return (cin * plane_floats + 31) / 32 * 32;
+  return aligned_floats(cin * plane_floats);
 }
 inline int64_t fprop_smem_bytes(const ConvParams& p, bool narrow_tile, int stages) {
   const int64_t cin = p.in_channels_per_group();
@@ -592,8 +594,11 @@ inline Halo wgrad_halo(const ConvParams& p) {
 }
 inline int64_t wgrad_smem_bytes(const ConvParams& p) {
   if (narrow(p)) {  // a ring of (input halo, grad_output tiles)
+    const int64_t halo_floats = wgrad_halo(p).floats;
+    if (halo_floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
     return 4 * kHaloStages *
-           (wgrad_halo(p).floats + p.out_channels_per_group() * kNarrowRows * kSlots * kTileCols);
+           (aligned_floats(halo_floats) +
+            p.out_channels_per_group() * kNarrowRows * kSlots * kTileCols);
   }
   return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch +
               p.in_channels_per_group() * wgrad_halo(p).floats);

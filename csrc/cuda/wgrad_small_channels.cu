@@ -20,10 +20,12 @@
 
 #include <algorithm>
 
+#include "../plan.h"
 #include "kernel_sizes.cuh"
 #include "small_channels.cuh"
 #include "small_channels.h"
 #include "split_reduce.cuh"
+#include "tensor_map.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -79,15 +81,19 @@ constexpr int narrow_taps() {
 
 template <int KH_T, int KW_T, int kCo>
 __global__ void __launch_bounds__(sc::kThreads, 2)
-    wgrad_narrow_kernel(const ConvParams p, const float* __restrict__ grad_out,
-                        const float* __restrict__ x, float* __restrict__ partial, bool vec,
-                        bool vec_go, int halo_rows, int pitch, int segs, int stages_per_slice) {
+    wgrad_narrow_kernel(const __grid_constant__ CUtensorMap x_map,
+                        const __grid_constant__ CUtensorMap go_map, const ConvParams p,
+                        const float* __restrict__ grad_out, const float* __restrict__ x,
+                        float* __restrict__ partial, bool vec, bool vec_go, bool tma,
+                        int halo_rows, int pitch, int segs, int stages_per_slice) {
   constexpr int kTaps = narrow_taps<KH_T, KW_T, kCo>();
   constexpr int kStages = sc::kHaloStages;
   constexpr int kGoFloats = kTileRows * sc::kTileCols;  // one channel's tile
   // A ring of stage buffers, each the input halo then kCo grad_output
-  // tiles: the next tiles' copies fly while one computes.
-  extern __shared__ float4 smem4[];
+  // tiles (128-byte aligned, as the tensor-copy engine writes): the next
+  // tiles' copies fly while one computes.
+  extern __shared__ __align__(128) float4 smem4[];
+  __shared__ uint64_t staged[kStages];
   float* s_buf = reinterpret_cast<float*>(smem4);
   __shared__ float s_red[kWarps][kCo * kTaps];
   const int cin_g = p.in_channels_per_group();
@@ -124,7 +130,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
-  const int x_floats = halo_rows * pitch;
+  const int x_floats = static_cast<int>(sc::aligned_floats(halo_rows * pitch));
   const int buf_floats = x_floats + kCo * kGoFloats;
   struct Origin {
     int n, oh0, ow0;
@@ -133,8 +139,30 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     const int tile = s % tiles;
     return Origin{s / tiles, (tile / tiles_w) * kTileRows, (tile % tiles_w) * sc::kTileCols};
   };
-  auto stage = [&](int s, float* dst) {
+  // With the tensor-copy engine (tma), one thread starts both boxes of a
+  // step on its buffer's barrier (zeros outside the image), as in the
+  // forward; a bit per buffer tracks the phase to wait for.
+  if (tma && threadIdx.x == 0) {
+#pragma unroll
+    for (int k = 0; k < kStages; ++k) mbarrier_init(&staged[k], 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  uint32_t phases = 0;
+  const uint32_t step_bytes = 4u * (halo_rows * pitch + kCo * kGoFloats);
+  auto stage = [&](int s, int b) {
     const auto [n, oh0, ow0] = origin(s);
+    float* dst = s_buf + b * buf_floats;
+    if (tma) {
+      if (threadIdx.x == 0) {
+        const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, true);
+        mbarrier_arrive_expect_tx(&staged[b], step_bytes);
+        tma_load_4d(dst, &x_map, hc.first - hc.lead, oh0 * sh - p.pad_h, g * cin_g + ci, n,
+                    &staged[b]);
+        tma_load_4d(dst + x_floats, &go_map, ow0, oh0, g * cout_g, n, &staged[b]);
+      }
+      return;
+    }
     small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
                                1, H, W, oh0 * sh - p.pad_h, halo_rows,
                                small_channels::halo_cols(ow0 * sw - p.pad_w, vec), halo_cols,
@@ -149,7 +177,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   // kStages - 1 groups younger than the current tile's.
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) {
-    if (first + k < last) stage(first + k, s_buf + k * buf_floats);
+    if (first + k < last) stage(first + k, k);
     cp_async_commit();
   }
   int buf = 0;
@@ -159,12 +187,15 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
     // Refills the buffer consumed in the previous iteration (barrier at its
     // end).
-    if (s + kStages - 1 < last) {
-      stage(s + kStages - 1, s_buf + ((buf + kStages - 1) % kStages) * buf_floats);
+    if (s + kStages - 1 < last) stage(s + kStages - 1, (buf + kStages - 1) % kStages);
+    if (tma) {
+      mbarrier_wait(&staged[buf], (phases >> buf) & 1);
+      phases ^= 1u << buf;
+    } else {
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncthreads();
     }
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
-    __syncthreads();
     const int ow = ow0 + col;
     if (ow < Wo) {
       const float* sb = s_buf + buf * buf_floats;
@@ -233,7 +264,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 }
 
 template <int KH, int KW, int kCo>
-Split launch_narrow(const ConvParams& p, const float* go, const float* x,
+Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tensor& x_t,
                     const at::Tensor& grad_w, bool vec, bool vec_go) {
   constexpr int kTaps = narrow_taps<KH, KW, kCo>();
   const sc::Halo h = sc::wgrad_halo(p);
@@ -244,10 +275,21 @@ Split launch_narrow(const ConvParams& p, const float* go, const float* x,
               "conv2d_ext: problem too large for the small-channel wgrad");
   Split sp = split_stages(blocks_x, stages, 4, grad_w, p.weight_numel());
   const size_t smem = static_cast<size_t>(sc::wgrad_smem_bytes(p));
+  // On Hopper, both boxes of a step by the tensor-copy engine (rows of a
+  // multiple of 4 floats, as for 16-byte copies).
+  const bool tma = vec && vec_go && hopper_kernels(current_sm()) && h.pitch <= kMaxTmaBox &&
+                   h.rows <= kMaxTmaBox;
+  CUtensorMap x_map{}, go_map{};  // not read without tma
+  if (tma) {
+    x_map = nchw_tensor_map(x_t, static_cast<uint32_t>(h.pitch), static_cast<uint32_t>(h.rows),
+                            1, 1);
+    go_map = nchw_tensor_map(go_t, sc::kTileCols, kTileRows, kCo, 1);
+  }
   auto kernel = wgrad_narrow_kernel<KH, KW, kCo>;
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, sp.slices), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-      p, go, x, sp.partial.data_ptr<float>(), vec, vec_go, h.rows, h.pitch, segs, sp.per_slice);
+      x_map, go_map, p, go_t.data_ptr<float>(), x_t.data_ptr<float>(), sp.partial.data_ptr<float>(),
+      vec, vec_go, tma, h.rows, h.pitch, segs, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return sp;
 }
@@ -439,7 +481,7 @@ void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
     dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
       constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
       small_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
-        sp = launch_narrow<KH, KW, decltype(co)::value>(p, go, xp, grad_w, vec, vec_go);
+        sp = launch_narrow<KH, KW, decltype(co)::value>(p, grad_out, x, grad_w, vec, vec_go);
       });
     });
   }
