@@ -40,6 +40,12 @@ TORCH_LIBRARY(conv2d_ext, m) {
   m.def(
       "_algorithm(str pass_, Tensor input, Tensor weight, int[2] stride, "
       "int[2] padding, int[2] dilation, int groups) -> str");
+  // Row shifts of the flat sm_90 layout a pass would use (see
+  // conv2d_ext::flat_row_shifts), for tests to check that they cover both.
+  m.def(
+      "_flat_row_shifts(str pass_, Tensor input, Tensor weight, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups) -> int",
+      &conv2d_ext::flat_row_shifts);
   // The precision mode ('tf32' or 'ieee') a float32 call would use now.
   m.def("_math_mode() -> str", [] {
     return std::string(

@@ -135,6 +135,19 @@ std::string algorithm(const std::string& pass, const at::Tensor& input,
   return to_string(choose_plan(p, which, input.scalar_type(), sm).algo);
 }
 
+int64_t flat_row_shifts(const std::string& pass, const at::Tensor& input,
+                        const at::Tensor& weight, c10::IntArrayRef stride,
+                        c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
+  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
+                                         padding, dilation, groups);
+  const bool split = math_mode(input.scalar_type()) == MathMode::kIEEE;
+  if (pass == "forward") return igemm_fprop_flat::choose_layout(p, split).shifts;
+  if (pass == "backward_input" && dgrad_is_fprop(p)) {
+    return igemm_fprop_flat::choose_layout(dgrad_as_fprop(p), split).shifts;
+  }
+  return 0;
+}
+
 bool built_with_sm90a() {
 #ifdef CONV2D_EXT_SM90A
   return true;

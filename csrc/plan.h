@@ -73,6 +73,14 @@ std::string algorithm(const std::string& pass, const at::Tensor& input,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
                       int sm);
 
+// Tests only: the row shifts (1 or 2) of the flat sm_90 layout for `pass`
+// in the current precision mode, 0 where the layout fits nothing (or the
+// pass never runs the forward kernels); whether the plan picks that kernel
+// is algorithm()'s answer.
+int64_t flat_row_shifts(const std::string& pass, const at::Tensor& input,
+                        const at::Tensor& weight, c10::IntArrayRef stride,
+                        c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups);
+
 const char* to_string(Algo algo);
 const char* to_string(MathMode math);
 

@@ -138,22 +138,35 @@ inline int blocks_per_sm(int64_t smem_bytes, bool split) {
 // dimension (tma_limits below).
 constexpr int kTmaColumnSlack = 4;
 
+// Row shifts (S = 2, for at most 32 output channels per group): m64 would
+// leave half of every MMA idle, so rows 32..63 of M hold the same channels
+// one output row further down, with the weights shifted by one kernel row:
+// K runs over KH + 1 kernel rows (the first and last are zero in one half)
+// and a position row yields S output rows. The halo is stored by row phase
+// (rows S*i + j at storage row j * plane_rows + i) so that the positions
+// of one kernel row stay consecutive: 5x9 dgrad of a 32-channel layer does
+// 6/5 of the MMAs per output instead of 2x.
+constexpr int kMaxShifts = 2;
+
 struct Layout {
-  int log2_pitch;  // P = 1 << log2_pitch; rows = positions / P output rows per block
-  int rows, out_cols;  // output rows and columns of a block's tile
+  int log2_pitch;  // P = 1 << log2_pitch; positions / P position rows per block
+  int shifts;  // S: output rows per position row (1, or 2 with row shifts)
+  int rows, out_cols;  // output rows (S * positions / P) and columns of a block's tile
   int tiles_w, tiles_h;  // tiles_h counts the dilation phases of the rows
   int halo_rows;  // rows + KH - 1: the TMA box's rows (one dilation phase)
-  int halo_pixels;  // halo_rows * P + (KW-1)*dw: the wrapped tail is zeros
+  int plane_rows;  // storage rows per row phase: ceil(halo_rows / S)
+  int halo_pixels;  // S * plane_rows * P + (KW-1)*dw: the wrapped tail is zeros
+  int tap_rows;  // kernel rows of K: KH + S - 1
   int ksteps;  // k8 steps per chunk: a chunk is 8 * ksteps input channels
-  int chunks, co_tiles;
-  int rows_per_stage;  // kernel rows per weight stage: all, or one
+  int chunks, co_tiles;  // co_tiles of kCo / S output channels
+  int rows_per_stage;  // kernel rows (of tap_rows) per weight stage: all, or one
   int64_t staging_bytes;  // one TMA box: 8 * ksteps channels x halo_rows x (P + 4) floats
   int64_t smem_bytes;  // INT64_MAX when nothing fits
 };
 
 // Rows of a block are oh0 + dilation_h * r (one phase of the rows), so the
 // halo rows a block needs are consecutive in that phase: rows + KH - 1.
-inline Layout layout(const ConvParams& p, int log2_pitch) {
+inline Layout layout(const ConvParams& p, int log2_pitch, int shifts = 1) {
   Layout l{};
   l.smem_bytes = INT64_MAX;
   const int64_t pitch = int64_t(1) << log2_pitch;
@@ -165,21 +178,24 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
   // despite 11% more MMAs.
   const int64_t out_cols = (pitch - (p.kernel_w - 1) * p.dilation_w) / 8 * 8;
   if (out_cols < 1 || pitch > positions || p.stride_h != 1 || p.stride_w != 1) return l;
-  const int64_t halo_rows = positions / pitch + p.kernel_h - 1;
+  const int64_t halo_rows = shifts * positions / pitch + p.kernel_h - 1;
   if (p.in_w % 4 != 0 || pitch + kTmaColumnSlack > kMaxTmaBox ||
       p.dilation_h > kMaxTmaElementStride || halo_rows * p.dilation_h > kMaxTmaBox) {
     return l;
   }
   l.log2_pitch = log2_pitch;
-  l.rows = static_cast<int>(positions / pitch);
+  l.shifts = shifts;
+  l.rows = static_cast<int>(shifts * positions / pitch);
   l.out_cols = static_cast<int>(out_cols);
   l.tiles_w = static_cast<int>((p.out_w + out_cols - 1) / out_cols);
   l.tiles_h = phase_row_tiles(p.out_h, l.rows, p.dilation_h);
   l.halo_rows = static_cast<int>(halo_rows);
-  const int64_t halo = halo_rows * pitch + (p.kernel_w - 1) * p.dilation_w;
+  l.plane_rows = static_cast<int>((halo_rows + shifts - 1) / shifts);
+  const int64_t halo = shifts * l.plane_rows * pitch + (p.kernel_w - 1) * p.dilation_w;
   l.halo_pixels = static_cast<int>(halo);
-  const int64_t taps = p.kernel_h * p.kernel_w;
-  l.rows_per_stage = taps <= 16 ? static_cast<int>(p.kernel_h) : 1;
+  l.tap_rows = static_cast<int>(p.kernel_h + shifts - 1);
+  const int64_t taps = l.tap_rows * p.kernel_w;
+  l.rows_per_stage = taps <= 16 ? l.tap_rows : 1;
   const int64_t stage_taps = l.rows_per_stage * p.kernel_w;
   // Short stages (1x1) take several k8 steps per chunk so that a stage
   // holds enough MMAs between barriers.
@@ -197,7 +213,8 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
   };
   while (l.ksteps > 1 && blocks_per_sm(smem(l.ksteps), false) < 2) --l.ksteps;
   l.chunks = static_cast<int>((p.in_channels_per_group() + 8 * l.ksteps - 1) / (8 * l.ksteps));
-  l.co_tiles = static_cast<int>((p.out_channels_per_group() + kCo - 1) / kCo);
+  const int64_t co_per_tile = kCo / shifts;
+  l.co_tiles = static_cast<int>((p.out_channels_per_group() + co_per_tile - 1) / co_per_tile);
   // Persistent blocks number work items in 32 bits.
   const int64_t items = int64_t(l.tiles_w) * l.tiles_h * p.groups * l.co_tiles * p.batch;
   if (items >= (int64_t(1) << 31)) return l;
@@ -207,24 +224,29 @@ inline Layout layout(const ConvParams& p, int log2_pitch) {
   return l;
 }
 
-// The pitch with the fewest blocks (dropped columns and rows included),
-// weighted by how many blocks share an SM: on c, 56-column tiles at three
-// blocks per SM (2.97 ms) beat 120-column tiles at two (3.54 ms) with 6%
-// fewer blocks.
+// The pitch and row shifts with the fewest MMAs (blocks times kernel rows
+// of K, dropped columns and rows included), weighted by how many blocks
+// share an SM: on c, 56-column tiles at three blocks per SM (2.97 ms) beat
+// 120-column tiles at two (3.54 ms) with 6% fewer blocks.
 inline Layout choose_layout(const ConvParams& p, bool split) {
   Layout best{};
   best.smem_bytes = INT64_MAX;
   double best_cost = 0;
-  for (int log2_pitch = 8; log2_pitch >= 5; --log2_pitch) {
-    const Layout l = layout(p, log2_pitch);
-    if (l.smem_bytes == INT64_MAX) continue;
-    // Fewer blocks per SM hide less of a block's halo rounding and stores.
-    const int per_sm = blocks_per_sm(l.smem_bytes, split);
-    const double factor = per_sm >= blocks_per_sm_cap(split) ? 1.0 : per_sm == 2 ? 1.15 : 1.6;
-    const double cost = double(l.tiles_w) * l.tiles_h * factor;
-    if (best.smem_bytes == INT64_MAX || cost < best_cost) {
-      best = l;
-      best_cost = cost;
+  // One kernel row (1x1) gains nothing: K doubles with the outputs.
+  const int max_shifts =
+      p.out_channels_per_group() <= kCo / 2 && p.kernel_h > 1 ? kMaxShifts : 1;
+  for (int shifts = 1; shifts <= max_shifts; ++shifts) {
+    for (int log2_pitch = 8; log2_pitch >= 5; --log2_pitch) {
+      const Layout l = layout(p, log2_pitch, shifts);
+      if (l.smem_bytes == INT64_MAX) continue;
+      // Fewer blocks per SM hide less of a block's halo rounding and stores.
+      const int per_sm = blocks_per_sm(l.smem_bytes, split);
+      const double factor = per_sm >= blocks_per_sm_cap(split) ? 1.0 : per_sm == 2 ? 1.15 : 1.6;
+      const double cost = double(l.tiles_w) * l.tiles_h * l.co_tiles * l.tap_rows * factor;
+      if (best.smem_bytes == INT64_MAX || cost < best_cost) {
+        best = l;
+        best_cost = cost;
+      }
     }
   }
   return best;

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import DEVICES, HAS_CUDA, precision_of, reduction_lengths, reference, rel_err, tolerance
+from utils import (DEVICES, HAS_CUDA, hopper_kernels, precision_of, reduction_lengths, reference,
+                   rel_err, tf32_mode, tolerance)
 
 # (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation, groups, bias):
 # every specialised kernel size, the generic path, each parameter alone and
@@ -33,6 +34,20 @@ HAND_PICKED = [
 # Shapes for the tensor-core forward (>= 8 channels per group): partial
 # channel chunks, partial 64-channel tiles, partial 8x32 pixel tiles, every
 # specialised size and the generic one, strides, dilations, groups.
+# Layouts of the flat sm_90 kernel with row shifts (at most 32 output
+# channels per group: M rows 32..63 compute the next output row), in the
+# forward and in dgrad through it: 5x9 with K past 512 (three k8 steps per
+# 3xTF32 temporary); b's dilations with dropped columns; an even kernel
+# height (an odd number of halo rows: the row phases differ by one); groups;
+# a dilated kernel of two rows whose three row phases end in partial tiles.
+ROW_SHIFTS = [
+    (2, 16, 21, 72, 32, (5, 9), 1, 0, 1, 1, True),
+    (1, 24, 40, 48, 20, (5, 9), 1, (2, 4), (2, 3), 1, False),
+    (2, 8, 17, 40, 12, (4, 5), 1, (1, 2), 1, 1, True),
+    (1, 32, 13, 44, 48, (3, 3), 1, 1, 1, 2, True),
+    (2, 16, 40, 36, 16, (2, 3), 1, (0, 1), (3, 1), 1, True),
+]
+
 TENSOR_CORE = [
     (2, 8, 12, 40, 16, (5, 9), 1, 0, 1, 1, False),
     (1, 12, 19, 45, 20, (5, 9), 1, (2, 4), (2, 3), 1, True),
@@ -82,7 +97,7 @@ TENSOR_CORE = [
     # a 9-step stage (3x3) and a 5-step stage (5x5: three, then two).
     (1, 64, 9, 64, 16, (3, 3), 1, 1, 1, 1, True),
     (1, 24, 10, 64, 16, (5, 5), 1, 2, 1, 1, False),
-]
+] + ROW_SHIFTS
 
 
 def _random_case(rng):
@@ -150,11 +165,8 @@ def test_cuda_more_images_than_grid_blocks(precision):
 def test_cuda_mma_sync_kernels(case, precision):
     """On a Hopper GPU the forward runs on wgmma; the mma.sync kernels
     that other GPUs run are checked here with the Hopper kernels off."""
-    previous = torch.ops.conv2d_ext._set_hopper_kernels(False)
-    try:
+    with hopper_kernels(False):
         _run(case, "cuda", torch.float32)
-    finally:
-        torch.ops.conv2d_ext._set_hopper_kernels(previous)
 
 
 def _is_hopper_build():
@@ -209,6 +221,35 @@ def _dgrad_is_fprop(case):
     return _pair(stride) == (1, 1) and all(
         p <= d * (kk - 1) for p, d, kk in zip(_pair(padding), _pair(dilation), k)
     )
+
+
+@pytest.mark.parametrize("case", ROW_SHIFTS, ids=[f"shift{i}" for i in range(len(ROW_SHIFTS))])
+def test_row_shift_cases_get_row_shifts(case, precision):
+    """The ROW_SHIFTS cases test what they claim: the flat layout of their
+    forward and of their dgrad has two row shifts, in both modes (a host
+    decision: checked without a GPU too). That the plan runs the flat
+    kernel on them is checked with the other TENSOR_CORE cases."""
+    n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
+    x = torch.empty(n, cin, h, w)
+    wt = torch.empty(cout, cin // groups, *k)
+    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    for pass_ in ("forward", "backward_input"):
+        shifts = torch.ops.conv2d_ext._flat_row_shifts(pass_, x, wt, *geometry)
+        assert shifts == 2, f"{case} {pass_}: {shifts} row shifts"
+
+
+def test_row_shifts_only_for_narrow_tiles():
+    """a's forward (64 output channels) keeps one row shift; its dgrad (32)
+    takes two; 1x1 kernels never do (K would double with the outputs)."""
+    ops = torch.ops.conv2d_ext
+    geometry = ((1, 1), (0, 0), (1, 1), 1)
+    x, wt = torch.empty(8, 32, 512, 512), torch.empty(64, 32, 5, 9)
+    with tf32_mode(True):
+        assert ops._flat_row_shifts("forward", x, wt, *geometry) == 1
+        assert ops._flat_row_shifts("backward_input", x, wt, *geometry) == 2
+        assert ops._flat_row_shifts("backward_weight", x, wt, *geometry) == 0
+        x, wt = torch.empty(2, 64, 64, 64), torch.empty(16, 64, 1, 1)
+        assert ops._flat_row_shifts("forward", x, wt, *geometry) == 1
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import conv2d_ext
-from utils import cuda_only, reference, rel_err, tf32_mode
+from utils import cuda_only, hopper_kernels, reference, rel_err, tf32_mode
 
 PASSES = ("forward", "grad_input", "grad_weight")
 
@@ -100,12 +100,14 @@ def _between_tf32(*shape):
     return ((1 + (ulps + 0.75) / 1024) * 2.0**exponents).float()  # exact in float32
 
 
-# Unit stride reaches the wgmma kernels on sm_90 (64 output columns: flat
+# On sm_90 unit stride reaches the wgmma kernels (64 output columns: flat
 # forward and dgrad, sm_90 wgrad), stride 2 the mma.sync ones (forward and
-# wgrad) and dgrad by phase.
+# wgrad) and dgrad by phase; with the Hopper kernels off every pass runs
+# mma.sync, as on other GPUs.
 @cuda_only
+@pytest.mark.parametrize("hopper", [True, False], ids=["hopper", "mma_sync"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_tf32_mode_rounds_operands_to_nearest(stride):
+def test_tf32_mode_rounds_operands_to_nearest(stride, hopper):
     """TF32 mode rounds every operand to nearest TF32 (not truncated, as the
     tensor cores would, nor kept at FP32): each pass's sum of positive
     products matches the float64 result on rounded operands, and is off the
@@ -121,7 +123,7 @@ def test_tf32_mode_rounds_operands_to_nearest(stride):
         return [float((o.double().cpu() - r).sum() / r.sum()) for o, r in zip(outs, refs)]
 
     xr, wr = x.clone().requires_grad_(), wt.clone().requires_grad_()
-    with tf32_mode(True):
+    with tf32_mode(True), hopper_kernels(hopper):
         y = conv2d_ext.conv2d(xr, wr, None, stride, 1)
         outs = (y, *torch.autograd.grad(y, [xr, wr], gy))
     rounded = bias(outs, reference(_tf32_round(x), _tf32_round(wt), None, stride, 1, 1, 1,

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import DEVICES, cuda_only, precision_of, reduction_lengths, reference, rel_err, tolerance
+from utils import (DEVICES, cuda_only, hopper_kernels, precision_of, reduction_lengths, reference,
+                   rel_err, tolerance)
 
 ops = torch.ops.conv2d_ext
 
@@ -139,11 +140,8 @@ def test_small_channels_without_copy_engine(case, precision):
     """On Hopper the forward (and dgrad through it) stages rows of a
     multiple of 4 floats with the tensor-copy engine; the async copies that
     other GPUs use are checked here with the Hopper code off."""
-    previous = ops._set_hopper_kernels(False)
-    try:
+    with hopper_kernels(False):
         _run(case, "cuda", torch.float32)
-    finally:
-        ops._set_hopper_kernels(previous)
 
 
 @pytest.mark.parametrize("case", FLOAT64_CASES, ids=[f"f64case{i}" for i in range(len(FLOAT64_CASES))])

@@ -91,3 +91,15 @@ def tf32_mode(enabled):
     with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
                      deterministic=cudnn.deterministic, allow_tf32=enabled):
         yield
+
+
+@contextlib.contextmanager
+def hopper_kernels(enabled):
+    """The op's Hopper-only kernels (wgmma, tensor-copy engine) on or off for
+    the duration: off runs the kernels that other GPUs run."""
+    ops = torch.ops.conv2d_ext
+    previous = ops._set_hopper_kernels(enabled)
+    try:
+        yield
+    finally:
+        ops._set_hopper_kernels(previous)

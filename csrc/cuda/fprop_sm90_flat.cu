@@ -26,6 +26,13 @@
 // tile are one phase of the dilation (oh0 + dh*r), so the halo needs
 // rows + KH - 1 consecutive rows of that phase. Unit stride only.
 //
+// Row shifts (kShifts = 2, for at most 32 output channels per group, see
+// Layout in tile_config.h): M rows 32..63 compute the channels of rows
+// 0..31 one output row further down, with the weights one kernel row
+// later. K then runs over KH + 1 kernel rows and each position row yields
+// two output rows, so the halo is stored by row phase (even rows, then odd
+// rows): the positions of any kernel row are still consecutive rows.
+//
 // Persistent blocks: each walks work items (output tile, channel tile,
 // image) and their stages as one stream, so that the copies for the next
 // item start under the current item's last wgmmas and a block pays the
@@ -56,28 +63,37 @@ namespace {
 
 namespace cfg = igemm_fprop_flat;
 
-// Weights [Cout][Cin/g][KH][KW] -> [group][co tile][chunk][kh][kw][k8 step]
-// [k half (2)][co (64)][4 channels]: wgmma's K-major A operand without
+// Weights [Cout][Cin/g][KH][KW] -> [group][co tile][chunk][kh'][kw][k8 step]
+// [k half (2)][m (64)][4 channels]: wgmma's K-major A operand without
 // swizzle (8-row x 16-byte core matrices; k halves 1 KB apart, 8-row groups
 // 128 bytes), zero outside the real channels; rounded to TF32 unless the
-// kernel splits them itself (3xTF32).
+// kernel splits them itself (3xTF32). Row m is channel m % (64 / S) of the
+// tile at row shift s = m / (64 / S), whose tap kh' is kernel row kh' - s
+// (zero outside the kernel); kh' counts L.tap_rows = KH + S - 1 rows.
 __global__ void __launch_bounds__(kThreads)
     rearrange_flat_weights_kernel(const ConvParams p, const float* __restrict__ w,
                                   float* __restrict__ out, int chunks, int ksteps,
-                                  int co_tiles, int64_t total, WeightOrder order, bool round) {
+                                  int co_tiles, int shifts, int64_t total, WeightOrder order,
+                                  bool round) {
+  const int co_per_tile = cfg::kCo / shifts;
   for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * kThreads) {
-    const WeightTileIndex t = decode_weight_tile_index(e, cfg::kStepFloats, ksteps, p.kernel_h,
-                                                       p.kernel_w, chunks, co_tiles);
+    const WeightTileIndex t = decode_weight_tile_index(
+        e, cfg::kStepFloats, ksteps, p.kernel_h + shifts - 1, p.kernel_w, chunks, co_tiles);
     const int m = (t.within >> 2) & (cfg::kCo - 1);
     const int k = 4 * (t.within >> 8) + (t.within & 3);
-    const float v = weight_or_zero(p, w, order, t.g, t.co_tile * cfg::kCo + m,
-                                   (t.chunk * ksteps + t.kstep) * 8 + k, t.kh, t.kw);
+    const int shift = m / co_per_tile;
+    const int kh = t.kh - shift;
+    const float v =
+        kh >= 0 && kh < p.kernel_h
+            ? weight_or_zero(p, w, order, t.g, t.co_tile * co_per_tile + m % co_per_tile,
+                             (t.chunk * ksteps + t.kstep) * 8 + k, kh, t.kw)
+            : 0.f;
     out[e] = round ? __uint_as_float(tf32_operand(v)) : v;
   }
 }
 
-template <int KH_T, int KW_T, bool kSplit, int kGroup>
+template <int KH_T, int KW_T, bool kSplit, int kGroup, int kShifts>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     fprop_flat_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
@@ -85,7 +101,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
   extern __shared__ __align__(128) float smem[];
   // Copy completion: the TMA box of the halo, each weight stage buffer.
   __shared__ uint64_t halo_full, weights_full[2];
-  const int KH = static_or<KH_T>(p.kernel_h);
+  static_assert(kShifts == 1 || (kShifts == 2 && KH_T != 1), "row shifts need 2+ kernel rows");
+  const int tap_rows = static_or<KH_T>(p.kernel_h) + kShifts - 1;  // kernel rows of K
   const int KW = static_or<KW_T>(p.kernel_w);
   const int Ho = p.out_h, Wo = p.out_w;
   const int cin_g = p.in_channels_per_group();
@@ -114,7 +131,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grp = lane >> 2, tig = lane & 3;
-  const int stages_per_chunk = KH / L.rows_per_stage;
+  const int stages_per_chunk = tap_rows / L.rows_per_stage;
   const int stages = L.chunks * stages_per_chunk;
 
   // Work items, channel tile fastest (the tiles of one halo run side by
@@ -219,7 +236,11 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       float4* out_small = dst_small + 2 * pair * hp;
 #pragma unroll 1
       for (int i = threadIdx.x; i < box_pixels; i += cfg::kThreads) {
-        const int at = (i >> log2_pitch) * box_cols + (i & (pitch - 1));
+        const int row = i >> log2_pitch, col = i & (pitch - 1);
+        const int at = row * box_cols + col;
+        // Stored by row phase with row shifts: halo rows 2r + j at storage
+        // row j * plane_rows + r (one row of pixels stays whole).
+        const int o = kShifts == 1 ? i : ((row & 1) * L.plane_rows + (row >> 1)) << log2_pitch | col;
         float v[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = src[e * channel_floats + at];
@@ -229,19 +250,19 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
           for (int e = 0; e < 8; ++e) {
             tf32_split(ok[e] ? v[e] : 0.f, big[e], small[e]);
           }
-          out[i] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]),
+          out[o] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]),
                                __uint_as_float(big[2]), __uint_as_float(big[3]));
-          out[hp + i] = make_float4(__uint_as_float(big[4]), __uint_as_float(big[5]),
+          out[hp + o] = make_float4(__uint_as_float(big[4]), __uint_as_float(big[5]),
                                     __uint_as_float(big[6]), __uint_as_float(big[7]));
-          out_small[i] = make_float4(__uint_as_float(small[0]), __uint_as_float(small[1]),
+          out_small[o] = make_float4(__uint_as_float(small[0]), __uint_as_float(small[1]),
                                      __uint_as_float(small[2]), __uint_as_float(small[3]));
-          out_small[hp + i] = make_float4(__uint_as_float(small[4]), __uint_as_float(small[5]),
+          out_small[hp + o] = make_float4(__uint_as_float(small[4]), __uint_as_float(small[5]),
                                           __uint_as_float(small[6]), __uint_as_float(small[7]));
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) v[e] = ok[e] ? __uint_as_float(tf32_operand(v[e])) : 0.f;
-          out[i] = make_float4(v[0], v[1], v[2], v[3]);
-          out[hp + i] = make_float4(v[4], v[5], v[6], v[7]);
+          out[o] = make_float4(v[0], v[1], v[2], v[3]);
+          out[hp + o] = make_float4(v[4], v[5], v[6], v[7]);
         }
       }
     }
@@ -311,15 +332,24 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       const uint32_t plane_bytes = 4 * plane_floats;
       const uint32_t w_addr = smem_addr(smem + weights_at(wbuf));
       // Step order: taps in (kernel row, kernel column) order, k8 steps
-      // within a tap. `off` is the tap's first halo pixel.
-      int off = within * L.rows_per_stage * pitch;
+      // within a tap. `off` is the tap's first halo pixel: kernel row kr
+      // starts at storage row kr (kr / 2 of phase kr % 2 with row shifts).
+      int kr = within * L.rows_per_stage;
+      auto row_start = [&](int r) {
+        return (kShifts == 1 ? r : (r & 1) * L.plane_rows + (r >> 1)) << log2_pitch;
+      };
+      int off = row_start(kr);
       int kw = 0, k = 0;
       auto next_step = [&] {
         if (++k == L.ksteps) {
           k = 0;
           if (++kw == KW) {
             kw = 0;
-            off += pitch - (KW - 1) * dw;
+            if constexpr (kShifts == 1) {
+              off += pitch - (KW - 1) * dw;
+            } else {
+              off = row_start(++kr);
+            }
           } else {
             off += dw;
           }
@@ -436,9 +466,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       }
     }
 
-    // Epilogue: row m of the tile is output channel co0 + m (this lane
-    // holds rows m and m + 8); column o is position (o / P, o % P) of the
-    // flattened tile. A lane's two accumulators of a row are neighbouring
+    // Epilogue: row m of the tile is output channel co0 + m % (64 / S)
+    // (this lane holds rows m and m + 8) at row shift m / (64 / S); column o
+    // is position (o / P, o % P) of the flattened tile, output row
+    // S * (o / P) + shift. A lane's two accumulators of a row are neighbouring
     // positions: stored as one 8-byte write where both are stored and
     // aligned, so that the 4 lanes of a row fill a whole 32-byte sector.
     // The positions do not depend on the item; hidden behind an empty asm,
@@ -447,8 +478,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     int col0 = 2 * tig;
     asm volatile("" : "+r"(col0));
     const int g = it.gy / L.co_tiles;
-    const int co0 = (it.gy % L.co_tiles) * cfg::kCo;
-    const int co_lo = co0 + warp * 16 + grp, co_hi = co_lo + 8;
+    constexpr int kCoPerTile = cfg::kCo / kShifts;  // a multiple of 16: warp-uniform shift
+    const int co0 = (it.gy % L.co_tiles) * kCoPerTile;
+    const int shift = warp * 16 / kCoPerTile;
+    const int co_lo = co0 + warp * 16 % kCoPerTile + grp, co_hi = co_lo + 8;
     const bool lo_ok = co_lo < cout_g, hi_ok = co_hi < cout_g;
     const float bias_lo = bias != nullptr && lo_ok ? bias[g * cout_g + co_lo] : 0.f;
     const float bias_hi = bias != nullptr && hi_ok ? bias[g * cout_g + co_hi] : 0.f;
@@ -463,7 +496,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     for (int j = 0; j < kFrags; ++j) {
       const int o = j * 8 + col0;  // even; o + 1 in the same row
       const int c = o & (pitch - 1);
-      const int oh = it.oh0 + dh * (o >> log2_pitch), ow = it.ow0 + c;
+      const int oh = it.oh0 + dh * (kShifts * (o >> log2_pitch) + shift), ow = it.ow0 + c;
       if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
       float* dst = y_lo + oh * Wo + ow;
       const float* v = acc[j];
@@ -504,13 +537,13 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
       static_cast<uint32_t>(8 * L.ksteps), static_cast<uint32_t>(p.dilation_h));
   auto stream = at::cuda::getCurrentCUDAStream();
 
-  const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * p.kernel_h * p.kernel_w *
+  const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * L.tap_rows * p.kernel_w *
                         L.ksteps * cfg::kStepFloats;
   at::Tensor w_tiles = at::empty({total}, w.options());
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_flat_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.ksteps, L.co_tiles,
-      total, order, /*round=*/!split);
+      L.shifts, total, order, /*round=*/!split);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const int64_t items = int64_t(L.tiles_w) * L.tiles_h * p.groups * L.co_tiles * p.batch;
@@ -534,13 +567,21 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
     // (K = 144: 2.01e-7 at two, 2.10e-7 at three, against cuDNN strict's
     // 2.14e-7). Three also run a 9-step stage (5x9, 3x3) as three groups
     // instead of five: 6% faster on a, b and c.
-    if (!split) {
-      launch(fprop_flat_kernel<KH, KW, false, 1>);
-    } else if (p.gemm_k() >= 512) {
-      launch(fprop_flat_kernel<KH, KW, true, 3>);
-    } else {
-      launch(fprop_flat_kernel<KH, KW, true, 2>);
+    auto launch_shifted = [&](auto shifts) {
+      constexpr int S = decltype(shifts)::value;
+      if (!split) {
+        launch(fprop_flat_kernel<KH, KW, false, 1, S>);
+      } else if (p.gemm_k() >= 512) {
+        launch(fprop_flat_kernel<KH, KW, true, 3, S>);
+      } else {
+        launch(fprop_flat_kernel<KH, KW, true, 2, S>);
+      }
+    };
+    if constexpr (KH != 1) {
+      if (L.shifts == 2) return launch_shifted(Int<2>{});
     }
+    TORCH_CHECK(L.shifts == 1, "conv2d_ext: internal error: row shifts for one kernel row");
+    launch_shifted(Int<1>{});
   });
 }
 

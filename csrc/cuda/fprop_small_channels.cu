@@ -86,14 +86,8 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
 
   // With the tensor-copy engine (tma), one thread starts an image's box
   // (zeros outside the image) and every thread waits on the buffer's
-  // barrier; a bit per buffer tracks the phase to wait for.
-  if (tma && threadIdx.x == 0) {
-#pragma unroll
-    for (int k = 0; k < kStages; ++k) mbarrier_init(&staged[k], 1);
-    fence_mbarrier_init();
-  }
-  __syncthreads();
-  uint32_t phases = 0;
+  // barrier.
+  small_channels::CopyRing<kStages> ring(staged, tma);
   const uint32_t box_bytes = 4u * cin_g * halo_rows * pitch;
 
   const int co_tiles = (cout_g + kCoTile - 1) / kCoTile;
@@ -111,8 +105,8 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
       float* dst = s_buf + b * buf_floats;
       if (tma) {
         if (threadIdx.x == 0) {
-          mbarrier_arrive_expect_tx(&staged[b], box_bytes);
-          tma_load_4d(dst, &x_map, hc.first - hc.lead, ih0, g * cin_g, n, &staged[b]);
+          mbarrier_arrive_expect_tx(&ring.barrier[b], box_bytes);
+          tma_load_4d(dst, &x_map, hc.first - hc.lead, ih0, g * cin_g, n, &ring.barrier[b]);
         }
         return;
       }
@@ -135,8 +129,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
       const int ahead = n + (kStages - 1) * gridDim.z;
       if (ahead < p.batch) stage(ahead, (buf + kStages - 1) % kStages);
       if (tma) {
-        mbarrier_wait(&staged[buf], (phases >> buf) & 1);
-        phases ^= 1u << buf;
+        ring.wait(buf);
       } else {
         cp_async_commit();
         cp_async_wait<kStages - 1>();

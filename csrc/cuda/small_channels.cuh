@@ -69,6 +69,30 @@ __device__ __forceinline__ void stage_halo(float* dst, const float* src, int pla
   }
 }
 
+// A ring of kStages shared buffers that the tensor-copy engine fills: each
+// buffer completes on its own mbarrier (one arrival, by the thread that
+// starts its copies, plus the bytes), and a bit per buffer tracks the phase
+// to wait for next. Built by every thread of the block (it synchronises).
+template <int kStages>
+struct CopyRing {
+  static_assert(kStages <= 32, "one phase bit per buffer");
+  uint64_t* barrier;  // [kStages], in shared memory
+  uint32_t phases = 0;
+
+  __device__ __forceinline__ CopyRing(uint64_t* barriers, bool tma) : barrier(barriers) {
+    if (tma && threadIdx.x == 0) {
+#pragma unroll
+      for (int k = 0; k < kStages; ++k) mbarrier_init(&barrier[k], 1);
+      fence_mbarrier_init();
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ void wait(int b) {
+    mbarrier_wait(&barrier[b], (phases >> b) & 1);
+    phases ^= 1u << b;
+  }
+};
+
 // Calls fn(Int<kCo>{}) for a narrow tile's output channels per group (1 to
 // kNarrowMaxCo): the tiles hold exactly the group's channels.
 template <typename Fn>

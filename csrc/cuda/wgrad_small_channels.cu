@@ -141,14 +141,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   };
   // With the tensor-copy engine (tma), one thread starts both boxes of a
   // step on its buffer's barrier (zeros outside the image), as in the
-  // forward; a bit per buffer tracks the phase to wait for.
-  if (tma && threadIdx.x == 0) {
-#pragma unroll
-    for (int k = 0; k < kStages; ++k) mbarrier_init(&staged[k], 1);
-    fence_mbarrier_init();
-  }
-  __syncthreads();
-  uint32_t phases = 0;
+  // forward.
+  small_channels::CopyRing<kStages> ring(staged, tma);
   const uint32_t step_bytes = 4u * (halo_rows * pitch + kCo * kGoFloats);
   auto stage = [&](int s, int b) {
     const auto [n, oh0, ow0] = origin(s);
@@ -156,10 +150,10 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     if (tma) {
       if (threadIdx.x == 0) {
         const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, true);
-        mbarrier_arrive_expect_tx(&staged[b], step_bytes);
+        mbarrier_arrive_expect_tx(&ring.barrier[b], step_bytes);
         tma_load_4d(dst, &x_map, hc.first - hc.lead, oh0 * sh - p.pad_h, g * cin_g + ci, n,
-                    &staged[b]);
-        tma_load_4d(dst + x_floats, &go_map, ow0, oh0, g * cout_g, n, &staged[b]);
+                    &ring.barrier[b]);
+        tma_load_4d(dst + x_floats, &go_map, ow0, oh0, g * cout_g, n, &ring.barrier[b]);
       }
       return;
     }
@@ -189,8 +183,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     // end).
     if (s + kStages - 1 < last) stage(s + kStages - 1, (buf + kStages - 1) % kStages);
     if (tma) {
-      mbarrier_wait(&staged[buf], (phases >> buf) & 1);
-      phases ^= 1u << buf;
+      ring.wait(buf);
     } else {
       cp_async_commit();
       cp_async_wait<kStages - 1>();
