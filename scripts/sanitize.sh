@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (31 tests):
+# Default subset (35 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -22,7 +22,10 @@
 #   copied without TMA, a K tile past the right edge) and 40 (7x7, units of
 #   several channel groups, padding), TF32 and IEEE modes; the flat
 #   3xTF32 forward with three k8 steps per temporary on cases 42 (a 9-step
-#   stage) and 43 (5x5: a 5-step stage), IEEE mode;
+#   stage) and 43 (5x5: a 5-step stage), IEEE mode; the flat forward and
+#   dgrad with row shifts on cases 46 (4x5: an odd number of halo rows) and
+#   48 (two dilated kernel rows, partial tiles in three row phases), TF32
+#   and IEEE modes;
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
 #   blocks;
@@ -51,7 +54,7 @@ else
   for c in 16 18; do
     tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[ieee-case$c]")
   done
-  for c in 25 28 39 40; do
+  for c in 25 28 39 40 46 48; do
     for mode in tf32 ieee; do
       tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[$mode-case$c]")
     done
