@@ -234,35 +234,52 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       const float* src = box + pair * 8 * channel_floats + shift;
       float4* out = dst + 2 * pair * hp;
       float4* out_small = dst_small + 2 * pair * hp;
+      // 3xTF32 splits at a chunk's start, with the pipeline drained: four
+      // pixels per thread in flight at once (their 32 loads first), where
+      // one at a time left c's dgrad latency-bound on the split. TF32 mode
+      // rounds under the wgmmas, next to the accumulators: one.
+      constexpr int kPixels = kSplit ? 4 : 1;
 #pragma unroll 1
-      for (int i = threadIdx.x; i < box_pixels; i += cfg::kThreads) {
-        const int row = i >> log2_pitch, col = i & (pitch - 1);
-        const int at = row * box_cols + col;
-        // Stored by row phase with row shifts: halo rows 2r + j at storage
-        // row j * plane_rows + r (one row of pixels stays whole).
-        const int o = kShifts == 1 ? i : ((row & 1) * L.plane_rows + (row >> 1)) << log2_pitch | col;
-        float v[8];
+      for (int i0 = threadIdx.x; i0 < box_pixels; i0 += kPixels * cfg::kThreads) {
+        float v[kPixels][8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = src[e * channel_floats + at];
-        if constexpr (kSplit) {
-          uint32_t big[8], small[8];
+        for (int u = 0; u < kPixels; ++u) {
+          const int i = min(i0 + u * cfg::kThreads, box_pixels - 1);  // in the box
+          const int at = (i >> log2_pitch) * box_cols + (i & (pitch - 1));
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            tf32_split(ok[e] ? v[e] : 0.f, big[e], small[e]);
+          for (int e = 0; e < 8; ++e) v[u][e] = src[e * channel_floats + at];
+        }
+#pragma unroll
+        for (int u = 0; u < kPixels; ++u) {
+          const int i = i0 + u * cfg::kThreads;
+          if (i >= box_pixels) break;
+          const int row = i >> log2_pitch, col = i & (pitch - 1);
+          // Stored by row phase with row shifts: halo rows 2r + j at storage
+          // row j * plane_rows + r (one row of pixels stays whole).
+          const int o =
+              kShifts == 1 ? i : ((row & 1) * L.plane_rows + (row >> 1)) << log2_pitch | col;
+          if constexpr (kSplit) {
+            uint32_t big[8], small[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              tf32_split(ok[e] ? v[u][e] : 0.f, big[e], small[e]);
+            }
+            out[o] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]),
+                                 __uint_as_float(big[2]), __uint_as_float(big[3]));
+            out[hp + o] = make_float4(__uint_as_float(big[4]), __uint_as_float(big[5]),
+                                      __uint_as_float(big[6]), __uint_as_float(big[7]));
+            out_small[o] = make_float4(__uint_as_float(small[0]), __uint_as_float(small[1]),
+                                       __uint_as_float(small[2]), __uint_as_float(small[3]));
+            out_small[hp + o] =
+                make_float4(__uint_as_float(small[4]), __uint_as_float(small[5]),
+                            __uint_as_float(small[6]), __uint_as_float(small[7]));
+          } else {
+            float r[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) r[e] = ok[e] ? __uint_as_float(tf32_operand(v[u][e])) : 0.f;
+            out[o] = make_float4(r[0], r[1], r[2], r[3]);
+            out[hp + o] = make_float4(r[4], r[5], r[6], r[7]);
           }
-          out[o] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]),
-                               __uint_as_float(big[2]), __uint_as_float(big[3]));
-          out[hp + o] = make_float4(__uint_as_float(big[4]), __uint_as_float(big[5]),
-                                    __uint_as_float(big[6]), __uint_as_float(big[7]));
-          out_small[o] = make_float4(__uint_as_float(small[0]), __uint_as_float(small[1]),
-                                     __uint_as_float(small[2]), __uint_as_float(small[3]));
-          out_small[hp + o] = make_float4(__uint_as_float(small[4]), __uint_as_float(small[5]),
-                                          __uint_as_float(small[6]), __uint_as_float(small[7]));
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = ok[e] ? __uint_as_float(tf32_operand(v[e])) : 0.f;
-          out[o] = make_float4(v[0], v[1], v[2], v[3]);
-          out[hp + o] = make_float4(v[4], v[5], v[6], v[7]);
         }
       }
     }
