@@ -34,6 +34,10 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // Tests only: whether the plan may pick the flat wgmma forward, so that
   // the other wgmma forward stays tested on unit-stride shapes.
   m.def("_set_flat_kernels(bool enable) -> bool", &conv2d_ext::set_flat_kernels);
+  // Tests only: whether IEEE-mode wgrad of short reductions runs the direct
+  // FFMA kernel (the default), so that the 3xTF32 tensor-core wgrad stays
+  // tested on small shapes.
+  m.def("_set_short_wgrad_direct(bool enable) -> bool", &conv2d_ext::set_short_wgrad_direct);
   // The algorithm a pass ('forward', 'backward_input', 'backward_weight')
   // of a convolution of these forward arguments would run now, e.g. for
   // tests to check which kernels they cover.

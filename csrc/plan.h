@@ -62,6 +62,11 @@ bool hopper_kernels(int sm);
 // other wgmma kernel can be tested on unit-stride shapes too.
 bool set_flat_kernels(bool enable);
 
+// Tests only: whether IEEE-mode wgrad of short reductions goes to the
+// direct FFMA kernel (default, for accuracy), so that the 3xTF32
+// tensor-core wgrad kernels stay covered on small shapes.
+bool set_short_wgrad_direct(bool enable);
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 
