@@ -177,11 +177,35 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
             continue;
           }
         }
-        // Wide tiles do not unroll the taps: the compiler would hoist the
-        // weight loads of a whole kernel row and spill.
-#pragma unroll(KH_T > 0 && kCoGroups == 1 ? KH_T : 1)
+        if constexpr (kCoGroups > 1) {
+          // Wide tiles: pointers step tap by tap (the RGB stem spent 7
+          // instructions of index arithmetic per 32 FFMA), a kernel row
+          // unrolled with a compiler barrier between taps: without it the
+          // compiler hoisted the row's weight loads and spilled.
+          const int row_step = sh * pitch;
+#pragma unroll 1
+          for (int kh = 0; kh < KH; ++kh) {
+            const float* s = sx + (r0 * sh + kh * dh) * pitch + col * sw;
+            const float* wk = swt + kh * KW * kCoTile;
+#pragma unroll(KW_T > 0 ? KW_T : 1)
+            for (int kw = 0; kw < KW; ++kw) {
+              float wv[kCo];
+              tap_weights(wk + kw * kCoTile, wv);
+#pragma unroll
+              for (int r = 0; r < kRows; ++r) {
+                const float v = s[r * row_step];
+#pragma unroll
+                for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v, wv[c], acc[r][c]);
+              }
+              s += dw;
+              asm volatile("" ::: "memory");
+            }
+          }
+          continue;
+        }
+#pragma unroll(KH_T > 0 ? KH_T : 1)
         for (int kh = 0; kh < KH; ++kh) {
-#pragma unroll(KW_T > 0 && kCoGroups == 1 ? KW_T : 1)
+#pragma unroll(KW_T > 0 ? KW_T : 1)
           for (int kw = 0; kw < KW; ++kw) {
             float wv[kCo];
             tap_weights(swt + (kh * KW + kw) * kCoTile, wv);
