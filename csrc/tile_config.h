@@ -166,7 +166,7 @@ struct Layout {
 
 // Rows of a block are oh0 + dilation_h * r (one phase of the rows), so the
 // halo rows a block needs are consecutive in that phase: rows + KH - 1.
-inline Layout layout(const ConvParams& p, int log2_pitch, int shifts = 1) {
+inline Layout layout(const ConvParams& p, int log2_pitch, int shifts) {
   Layout l{};
   l.smem_bytes = INT64_MAX;
   const int64_t pitch = int64_t(1) << log2_pitch;

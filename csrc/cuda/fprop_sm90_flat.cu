@@ -129,6 +129,13 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
   auto weights_at = [&](int buf) { return staging_floats + buf * stage_floats; };
   auto halo_at = [&](int buf) { return staging_floats + 2 * stage_floats + buf * halo_floats; };
 
+  // First pixel of halo row r in the interleaved halo: with row shifts the
+  // rows are stored by phase (rows 2i + j at storage row j * plane_rows + i),
+  // so that the positions of one kernel row stay consecutive.
+  auto row_start = [&](int r) {
+    return (kShifts == 1 ? r : (r & 1) * L.plane_rows + (r >> 1)) << log2_pitch;
+  };
+
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int grp = lane >> 2, tig = lane & 3;
   const int stages_per_chunk = tap_rows / L.rows_per_stage;
@@ -253,11 +260,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         for (int u = 0; u < kPixels; ++u) {
           const int i = i0 + u * cfg::kThreads;
           if (i >= box_pixels) break;
-          const int row = i >> log2_pitch, col = i & (pitch - 1);
-          // Stored by row phase with row shifts: halo rows 2r + j at storage
-          // row j * plane_rows + r (one row of pixels stays whole).
-          const int o =
-              kShifts == 1 ? i : ((row & 1) * L.plane_rows + (row >> 1)) << log2_pitch | col;
+          const int o = kShifts == 1 ? i : row_start(i >> log2_pitch) | (i & (pitch - 1));
           if constexpr (kSplit) {
             uint32_t big[8], small[8];
 #pragma unroll
@@ -350,11 +353,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       const uint32_t w_addr = smem_addr(smem + weights_at(wbuf));
       // Step order: taps in (kernel row, kernel column) order, k8 steps
       // within a tap. `off` is the tap's first halo pixel: kernel row kr
-      // starts at storage row kr (kr / 2 of phase kr % 2 with row shifts).
+      // reads from halo row kr on.
       int kr = within * L.rows_per_stage;
-      auto row_start = [&](int r) {
-        return (kShifts == 1 ? r : (r & 1) * L.plane_rows + (r >> 1)) << log2_pitch;
-      };
       int off = row_start(kr);
       int kw = 0, k = 0;
       auto next_step = [&] {
