@@ -499,7 +499,7 @@ constexpr int kNarrowRows = 8;
 constexpr int kNarrowMaxCo = 4;
 // Wide tiles (more output channels, RGB stems): each thread owns 4 rows x
 // 16 channels, the 4 slots split a 64-channel tile.
-constexpr int kWideRows = 2;
+constexpr int kWideRows = 4;
 constexpr int kWideCo = 16;
 // dgrad gathers into at most 4 input channels per group from chunks of
 // this many grad_output channels at a time.

@@ -47,6 +47,10 @@ CASES = [
     (2, 16, 37, 70, 16, (3, 3), 1, 1, 1, 4, True),  # 4 -> 4 per group (narrow tile)
     (1, 12, 19, 33, 12, (5, 5), 2, 2, 1, 3, False),  # 4 -> 4, stride 2
     (1, 8, 21, 40, 8, (7, 7), 1, 3, 1, 2, True),  # 4 -> 4, 7x7 (no register window)
+    # More work items (tile, channel tile, image) than a wave of wide-tile
+    # blocks: each block strides over several, across channel tiles (its
+    # weights restaged) and images.
+    (3, 6, 96, 130, 140, (3, 5), 1, (1, 2), 1, 2, True),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.

@@ -11,7 +11,7 @@
 //   tile. At unit stride and dilation a thread slides a register window
 //   down its column, so each staged value is read once per kernel column,
 //   not once per tap, while the window's weights fit in registers.
-// - wide (RGB stems): 2 rows x 16 channels; the 4 slots cover a 64-channel
+// - wide (RGB stems): 4 rows x 16 channels; the 4 slots cover a 64-channel
 //   tile, and every staged input value feeds 16 multiply-adds.
 // Lanes of a warp own consecutive columns: coalesced stores, conflict-free
 // shared reads at unit stride.
@@ -42,6 +42,41 @@ __device__ __forceinline__ void tap_weights(const float* s, float (&wv)[kCo]) {
   }
 }
 
+// A work item of the forward: output tile (th, tw) of channel tile gy
+// (group and output-channel tile) of image n. Blocks stride over items
+// numbered with tw fastest, then th, gy and n; the stride is split into
+// these digits once, so that stepping is a few additions and carries
+// instead of 64-bit divisions per item (which cost the depthwise forward a
+// fifth of its time).
+struct Item {
+  int tw, th, gy, n;
+};
+struct ItemRadix {
+  int tiles_w, tiles_h, channel_tiles;
+  __device__ __forceinline__ Item item(unsigned i) const {
+    Item it;
+    it.tw = static_cast<int>(i % tiles_w);
+    i /= tiles_w;
+    it.th = static_cast<int>(i % tiles_h);
+    i /= tiles_h;
+    it.gy = static_cast<int>(i % channel_tiles);
+    it.n = static_cast<int>(i / channel_tiles);
+    return it;
+  }
+  __device__ __forceinline__ void advance(Item& it, const Item& step) const {
+    it.tw += step.tw;
+    const int c0 = it.tw >= tiles_w;
+    it.tw -= c0 * tiles_w;
+    it.th += step.th + c0;
+    const int c1 = it.th >= tiles_h;
+    it.th -= c1 * tiles_h;
+    it.gy += step.gy + c1;
+    const int c2 = it.gy >= channel_tiles;
+    it.gy -= c2 * channel_tiles;
+    it.n += step.n + c2;
+  }
+};
+
 // kCo output channels x kRows rows per thread; kCoGroups slots split the
 // channel tile, the others stack rows.
 template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups, int kStages>
@@ -71,174 +106,200 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
   const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
-  const int oh0 = (blockIdx.x / tiles_w) * kTileRows;
-  const int ow0 = (blockIdx.x % tiles_w) * sc::kTileCols;
-  const int ih0 = oh0 * sh - p.pad_h;
-  const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * dw + 1;
 
   const int col = threadIdx.x % sc::kTileCols;
   const int slot = threadIdx.x / sc::kTileCols;  // warp-uniform
   const int rg = slot % kRowGroups, cg = slot / kRowGroups;
-  const int ow = ow0 + col;
   const int r0 = rg * kRows;  // first tile row of this thread
   const bool unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
+
+  // Blocks stride over the work items (Item), prefetching the items they
+  // meet next into the ring. The launch picks the stride: a multiple of tiles x channel tiles for
+  // narrow tiles, so that a block keeps its channel tile and stages its
+  // weights once; one wave of resident blocks for wide tiles, whose 64
+  // channels' weights are worth staging as few times as possible (a tenth
+  // of the RGB stem's time went to them with a block per tile and image).
+  const int co_tiles = (cout_g + kCoTile - 1) / kCoTile;
+  const ItemRadix radix{tiles_w, (Ho + kTileRows - 1) / kTileRows, p.groups * co_tiles};
+  const Item step = radix.item(gridDim.x);
+  auto origin = [&](const Item& it) {
+    return small_channels::halo_cols(it.tw * sc::kTileCols * sw - p.pad_w, vec);
+  };
 
   // With the tensor-copy engine (tma), one thread starts an image's box
   // (zeros outside the image) and every thread waits on the buffer's
   // barrier.
   small_channels::CopyRing<kStages> ring(staged, tma);
   const uint32_t box_bytes = 4u * cin_g * halo_rows * pitch;
-
-  const int co_tiles = (cout_g + kCoTile - 1) / kCoTile;
-  for (int gy = blockIdx.y; gy < p.groups * co_tiles; gy += gridDim.y) {
-    const int g = gy / co_tiles;
-    const int co0 = (gy % co_tiles) * kCoTile;
-    __syncthreads();  // the previous tile's weights are consumed
-    for (int i = threadIdx.x; i < cin_g * taps * kCoTile; i += sc::kThreads) {
-      const int c = i % kCoTile;
-      const int t = i / kCoTile;  // (ci * KH + kh) * KW + kw
-      const int ci = t / taps, kh = (t % taps) / KW, kw = t % KW;
-      s_w[i] = weight_or_zero(p, w, order, g, co0 + c, ci, kh, kw);
-    }
-    auto stage = [&](int n, int b) {
-      float* dst = s_buf + b * buf_floats;
-      if (tma) {
-        if (threadIdx.x == 0) {
-          mbarrier_arrive_expect_tx(&ring.barrier[b], box_bytes);
-          tma_load_4d(dst, &x_map, hc.first - hc.lead, ih0, g * cin_g, n, &ring.barrier[b]);
-        }
-        return;
+  auto stage = [&](const Item& it, int b) {
+    const int g = it.gy / co_tiles;
+    const int ih0 = it.th * kTileRows * sh - p.pad_h;
+    const HaloCols hc = origin(it);
+    float* dst = s_buf + b * buf_floats;
+    if (tma) {
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(&ring.barrier[b], box_bytes);
+        tma_load_4d(dst, &x_map, hc.first - hc.lead, ih0, g * cin_g, it.n, &ring.barrier[b]);
       }
-      small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g, H * W),
-                                 cin_g, H, W, ih0, halo_rows, hc, halo_cols, pitch,
-                                 halo_rows * pitch, vec);
-    };
-    // Groups are committed even when empty, so that the wait below counts
-    // kStages - 1 groups younger than the current image's.
+      return;
+    }
+    small_channels::stage_halo(dst, x + plane_offset(it.n, p.in_channels, g * cin_g, H * W),
+                               cin_g, H, W, ih0, halo_rows, hc, halo_cols, pitch,
+                               halo_rows * pitch, vec);
+  };
+  // Groups are committed even when empty, so that the wait below counts
+  // kStages - 1 groups younger than the current item's.
+  Item ahead = radix.item(blockIdx.x);
 #pragma unroll
-    for (int k = 0; k < kStages - 1; ++k) {
-      const int n = blockIdx.z + k * gridDim.z;
-      if (n < p.batch) stage(n, k);
+  for (int k = 0; k < kStages - 1; ++k) {
+    if (ahead.n < p.batch) stage(ahead, k);
+    cp_async_commit();
+    radix.advance(ahead, step);
+  }
+  int buf = 0;
+  int staged_gy = -1;  // the channel tile whose weights s_w holds
+  for (Item it = radix.item(blockIdx.x); it.n < p.batch; radix.advance(it, step)) {
+    // Refills the buffer consumed in the previous iteration (barrier at
+    // its end).
+    if (ahead.n < p.batch) stage(ahead, (buf + kStages - 1) % kStages);
+    radix.advance(ahead, step);
+    const int g = it.gy / co_tiles;
+    const int co0 = (it.gy % co_tiles) * kCoTile;
+    if (it.gy != staged_gy) {  // s_w is free: the previous item ended on a barrier
+      staged_gy = it.gy;
+      for (int k = threadIdx.x; k < cin_g * taps * kCoTile; k += sc::kThreads) {
+        const int c = k % kCoTile;
+        const int t = k / kCoTile;  // (ci * KH + kh) * KW + kw
+        const int ci = t / taps, kh = (t % taps) / KW, kw = t % KW;
+        s_w[k] = weight_or_zero(p, w, order, g, co0 + c, ci, kh, kw);
+      }
+    }
+    if (tma) {
+      ring.wait(buf);
+    } else {
       cp_async_commit();
+      cp_async_wait<kStages - 1>();
     }
-    int buf = 0;
-    for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
-      // Refills the buffer consumed in the previous iteration (barrier at
-      // its end).
-      const int ahead = n + (kStages - 1) * gridDim.z;
-      if (ahead < p.batch) stage(ahead, (buf + kStages - 1) % kStages);
-      if (tma) {
-        ring.wait(buf);
-      } else {
-        cp_async_commit();
-        cp_async_wait<kStages - 1>();
-      }
-      __syncthreads();  // every thread's copies; a new channel tile's weights
-      const float* s_x = s_buf + buf * buf_floats;
+    __syncthreads();  // every thread's copies; a new channel tile's weights
+    const float* s_x = s_buf + buf * buf_floats;
+    const int oh0 = it.th * kTileRows, ow = it.tw * sc::kTileCols + col, n = it.n;
+    const HaloCols hc = origin(it);
 
-      float acc[kRows][kCo];
+    float acc[kRows][kCo];
 #pragma unroll
-      for (int c = 0; c < kCo; ++c) {
-        const int co = co0 + cg * kCo + c;
-        const float b = (bias != nullptr && co < cout_g) ? bias[g * cout_g + co] : 0.f;
+    for (int c = 0; c < kCo; ++c) {
+      const int co = co0 + cg * kCo + c;
+      const float b = (bias != nullptr && co < cout_g) ? bias[g * cout_g + co] : 0.f;
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][c] = b;
-      }
-      for (int ci = 0; ci < cin_g; ++ci) {
-        const float* sx = s_x + ci * halo_rows * pitch + hc.lead;
-        const float* swt = s_w + ci * taps * kCoTile + cg * kCo;
-        // The window holds a channel's weights of every tap (98 registers
-        // for 7x7 x 2 channels; more would spill).
-        if constexpr (KH_T > 0 && kCoGroups == 1 && KH_T * KW_T * kCo <= 98) {
-          if (unit) {
-            // Input row r0 + i feeds output rows r0 + i - kh: slide down
-            // the column, each staged value read once per kernel column.
-            float wr[KH_T][KW_T][kCo];
+      for (int r = 0; r < kRows; ++r) acc[r][c] = b;
+    }
+    for (int ci = 0; ci < cin_g; ++ci) {
+      const float* sx = s_x + ci * halo_rows * pitch + hc.lead;
+      const float* swt = s_w + ci * taps * kCoTile + cg * kCo;
+      // The window holds a channel's weights of every tap (98 registers
+      // for 7x7 x 2 channels; more would spill).
+      if constexpr (KH_T > 0 && kCoGroups == 1 && KH_T * KW_T * kCo <= 98) {
+        if (unit) {
+          // Input row r0 + i feeds output rows r0 + i - kh: slide down
+          // the column, each staged value read once per kernel column.
+          float wr[KH_T][KW_T][kCo];
 #pragma unroll
-            for (int kh = 0; kh < KH_T; ++kh)
+          for (int kh = 0; kh < KH_T; ++kh)
 #pragma unroll
-              for (int kw = 0; kw < KW_T; ++kw) tap_weights(swt + (kh * KW_T + kw) * kCoTile, wr[kh][kw]);
+            for (int kw = 0; kw < KW_T; ++kw) tap_weights(swt + (kh * KW_T + kw) * kCoTile, wr[kh][kw]);
 #pragma unroll
-            for (int i = 0; i < kRows + KH_T - 1; ++i) {
-              float v[KW_T];
+          for (int i = 0; i < kRows + KH_T - 1; ++i) {
+            float v[KW_T];
 #pragma unroll
-              for (int kw = 0; kw < KW_T; ++kw) v[kw] = sx[(r0 + i) * pitch + col + kw];
+            for (int kw = 0; kw < KW_T; ++kw) v[kw] = sx[(r0 + i) * pitch + col + kw];
 #pragma unroll
-              for (int kh = 0; kh < KH_T; ++kh) {
-                const int r = i - kh;
-                if (r < 0 || r >= kRows) continue;
+            for (int kh = 0; kh < KH_T; ++kh) {
+              const int r = i - kh;
+              if (r < 0 || r >= kRows) continue;
 #pragma unroll
-                for (int kw = 0; kw < KW_T; ++kw)
+              for (int kw = 0; kw < KW_T; ++kw)
 #pragma unroll
-                  for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v[kw], wr[kh][kw][c], acc[r][c]);
-              }
-            }
-            continue;
-          }
-        }
-        if constexpr (kCoGroups > 1) {
-          // Wide tiles: pointers step tap by tap (the RGB stem spent 7
-          // instructions of index arithmetic per 32 FFMA), a kernel row
-          // unrolled with a compiler barrier between taps: without it the
-          // compiler hoisted the row's weight loads and spilled.
-          const int row_step = sh * pitch;
-#pragma unroll 1
-          for (int kh = 0; kh < KH; ++kh) {
-            const float* s = sx + (r0 * sh + kh * dh) * pitch + col * sw;
-            const float* wk = swt + kh * KW * kCoTile;
-#pragma unroll(KW_T > 0 ? KW_T : 1)
-            for (int kw = 0; kw < KW; ++kw) {
-              float wv[kCo];
-              tap_weights(wk + kw * kCoTile, wv);
-#pragma unroll
-              for (int r = 0; r < kRows; ++r) {
-                const float v = s[r * row_step];
-#pragma unroll
-                for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v, wv[c], acc[r][c]);
-              }
-              s += dw;
-              asm volatile("" ::: "memory");
+                for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v[kw], wr[kh][kw][c], acc[r][c]);
             }
           }
           continue;
         }
-        // Narrow tiles keep per-tap indices: in the stepping form above the
-        // 7x7 two-channel tile spilled 56 bytes instead of 12.
-#pragma unroll(KH_T > 0 ? KH_T : 1)
-        for (int kh = 0; kh < KH; ++kh) {
+      }
+      if constexpr (kCoGroups > 1) {
+        // Wide tiles: 4 rows x 16 channels per thread, so each tap is 64
+        // FFMA against 4 broadcast weight loads and 4 input loads. Rows
+        // are pointers fixed per kernel row and, at unit dilation, taps
+        // are immediate offsets from them: the RGB stem spent 7
+        // instructions of index arithmetic per 32 FFMA when a tap
+        // computed its addresses. A compiler barrier between taps keeps
+        // each tap's weight loads in their tap (hoisted, they spilled).
+        const int row_step = sh * pitch;
+        auto taps_of_row = [&](const float* s, const float* wk, auto unit_dw) {
+          const float* row[kRows];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) row[r] = s + r * row_step;
 #pragma unroll(KW_T > 0 ? KW_T : 1)
           for (int kw = 0; kw < KW; ++kw) {
+            const int off = decltype(unit_dw)::value ? kw : kw * dw;
             float wv[kCo];
-            tap_weights(swt + (kh * KW + kw) * kCoTile, wv);
-            const float* s = sx + (r0 * sh + kh * dh) * pitch + col * sw + kw * dw;
+            tap_weights(wk + kw * kCoTile, wv);
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
-              const float v = s[r * sh * pitch];
+              const float v = row[r][off];
 #pragma unroll
               for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v, wv[c], acc[r][c]);
             }
+            asm volatile("" ::: "memory");
+          }
+        };
+        const float* s = sx + r0 * row_step + col * sw;
+#pragma unroll 1
+        for (int kh = 0; kh < KH; ++kh, s += dh * pitch) {
+          const float* wk = swt + kh * KW * kCoTile;
+          if (dw == 1) {
+            taps_of_row(s, wk, std::true_type{});
+          } else {
+            taps_of_row(s, wk, std::false_type{});
           }
         }
+        continue;
       }
-      if (ow < Wo) {
-        const int rows_left = Ho - (oh0 + r0);  // rows of this thread's column inside
-#pragma unroll
-        for (int c = 0; c < kCo; ++c) {
-          const int co = co0 + cg * kCo + c;
-          if (co >= cout_g) continue;
-          float* y_col = y + plane_offset(n, p.out_channels, g * cout_g + co, Ho * Wo) +
-                         (oh0 + r0) * Wo + ow;
+      // Narrow tiles keep per-tap indices: in the stepping form above the
+      // 7x7 two-channel tile spilled 56 bytes instead of 12.
+#pragma unroll(KH_T > 0 ? KH_T : 1)
+      for (int kh = 0; kh < KH; ++kh) {
+#pragma unroll(KW_T > 0 ? KW_T : 1)
+        for (int kw = 0; kw < KW; ++kw) {
+          float wv[kCo];
+          tap_weights(swt + (kh * KW + kw) * kCoTile, wv);
+          const float* s = sx + (r0 * sh + kh * dh) * pitch + col * sw + kw * dw;
 #pragma unroll
           for (int r = 0; r < kRows; ++r) {
-            if (r < rows_left) *y_col = acc[r][c];
-            y_col += Wo;
+            const float v = s[r * sh * pitch];
+#pragma unroll
+            for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v, wv[c], acc[r][c]);
           }
         }
       }
-      __syncthreads();  // this buffer is consumed before it is refilled
-      buf = (buf + 1) % kStages;
     }
+    if (ow < Wo) {
+      const int rows_left = Ho - (oh0 + r0);  // rows of this thread's column inside
+#pragma unroll
+      for (int c = 0; c < kCo; ++c) {
+        const int co = co0 + cg * kCo + c;
+        if (co >= cout_g) continue;
+        float* y_col = y + plane_offset(n, p.out_channels, g * cout_g + co, Ho * Wo) +
+                       (oh0 + r0) * Wo + ow;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (r < rows_left) *y_col = acc[r][c];
+          y_col += Wo;
+        }
+      }
+    }
+    __syncthreads();  // this buffer is consumed before it is refilled
+    buf = (buf + 1) % kStages;
   }
 }
 
@@ -248,19 +309,30 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   constexpr int kTileRows = kRows * (sc::kSlots / kCoGroups);
   const sc::Halo h = sc::fprop_halo(p);
   const size_t smem = static_cast<size_t>(sc::fprop_smem_bytes(p));
-  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), kCo * kCoGroups);
-  // Blocks loop over images, prefetching the next one; spread images over
-  // grid z only as far as needed to fill the GPU several blocks deep.
-  const int64_t xy = ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols) *
-                     std::min(p.groups * co_tiles, kMaxGridYZ);
+  const int64_t tiles = ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols);
+  const int64_t channel_tiles = p.groups * ceil_div(p.out_channels_per_group(), kCo * kCoGroups);
+  const int64_t items = p.batch * channel_tiles * tiles;
+  // Item::n steps by up to the block count past the batch: both below 2^30
+  // keep it in an int (checked at the entry).
+  constexpr int64_t kMaxBlocks = int64_t(1) << 30;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t z = std::min({p.batch, kMaxGridYZ, ceil_div(8 * int64_t(sms), xy)});
-  const dim3 grid(ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols),
-                  std::min(p.groups * co_tiles, kMaxGridYZ), z);
   auto run = [&](auto kernel) {
     ensure_dynamic_smem(kernel, smem);
-    kernel<<<grid, sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        x_map, p, x, w, bias, y, order, vec, tma, h.rows, h.pitch);
+    int64_t blocks = 0;
+    if constexpr (kCoGroups > 1) {  // wide: one wave of resident blocks
+      int per_sm = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                   sc::kThreads, smem));
+      blocks = std::min({items, int64_t(std::max(per_sm, 1)) * sms, kMaxBlocks});
+    } else {
+      // Narrow: every (tile, channel tile) pair, over as many images as
+      // needed to fill the GPU several blocks deep.
+      const int64_t images = std::min(p.batch, ceil_div(8 * int64_t(sms), tiles * channel_tiles));
+      blocks = std::min(tiles * channel_tiles * images, kMaxBlocks);
+    }
+    kernel<<<static_cast<unsigned>(blocks), sc::kThreads, smem,
+             at::cuda::getCurrentCUDAStream()>>>(x_map, p, x, w, bias, y, order, vec, tma,
+                                                 h.rows, h.pitch);
   };
   static_assert(sc::kFpropStages == 3, "one instantiation per stage count");
   if (sc::fprop_stages(p) == 3) {
@@ -276,9 +348,10 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
 void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                                  const float* bias, at::Tensor& y, WeightOrder order) {
   TORCH_CHECK(sc::fprop_fits(p), "conv2d_ext: internal error: small-channel forward does not fit");
-  TORCH_CHECK(ceil_div(p.out_h, sc::kNarrowRows * sc::kSlots) * ceil_div(p.out_w, sc::kTileCols) <
+  TORCH_CHECK(ceil_div(p.out_h, sc::fprop_tile_rows(p)) * ceil_div(p.out_w, sc::kTileCols) <
                   (int64_t(1) << 31),
               "conv2d_ext: output plane too large for the small-channel forward");
+  TORCH_CHECK(p.batch < (int64_t(1) << 30), "conv2d_ext: batch too large for the small-channel forward");
   const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
   // On Hopper the tensor-copy engine stages the halo: one instruction per
   // image instead of a loop of copies (a third of dw_5x5's instructions).

@@ -15,9 +15,10 @@
   X(7, 7)
 
 // The direct kernels for few input channels per group (depthwise layers,
-// RGB stems) are specialised for the common depthwise sizes instead.
+// RGB stems) are specialised for the common depthwise and RGB sizes instead.
 #define CONV2D_EXT_FOR_EACH_SMALL_CHANNEL_KERNEL_SIZE(X) \
   X(3, 3)                                                \
+  X(3, 5)                                                \
   X(5, 5)                                                \
   X(7, 7)
 
