@@ -46,8 +46,8 @@ __device__ __forceinline__ void tap_weights(const float* s, float (&wv)[kCo]) {
 // (group and output-channel tile) of image n. Blocks stride over items
 // numbered with tw fastest, then th, gy and n; the stride is split into
 // these digits once, so that stepping is a few additions and carries
-// instead of 64-bit divisions per item (which cost the depthwise forward a
-// fifth of its time).
+// instead of 64-bit divisions per item (about 8% of the depthwise
+// forward's time).
 struct Item {
   int tw, th, gy, n;
 };
@@ -115,11 +115,12 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   const bool unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
 
   // Blocks stride over the work items (Item), prefetching the items they
-  // meet next into the ring. The launch picks the stride: a multiple of tiles x channel tiles for
-  // narrow tiles, so that a block keeps its channel tile and stages its
-  // weights once; one wave of resident blocks for wide tiles, whose 64
-  // channels' weights are worth staging as few times as possible (a tenth
-  // of the RGB stem's time went to them with a block per tile and image).
+  // meet next into the ring. The launch picks the stride: for narrow tiles
+  // a multiple of tiles x channel tiles, so that a block keeps its channel
+  // tile and stages its weights once; for wide tiles one wave of resident
+  // blocks, whose 64 channels' weights are worth staging as few times as
+  // possible (a tenth of the RGB stem's time went to them with a block per
+  // tile and image).
   const int co_tiles = (cout_g + kCoTile - 1) / kCoTile;
   const ItemRadix radix{tiles_w, (Ho + kTileRows - 1) / kTileRows, p.groups * co_tiles};
   const Item step = radix.item(gridDim.x);
