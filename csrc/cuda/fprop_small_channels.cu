@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
   const int taps = KH * KW;
   // A ring of kStages halo buffers (two or three, sc::fprop_stages): the
-  // next images' copies fly while one computes.
+  // next items' copies fly while one computes.
   const int buf_floats = static_cast<int>(sc::fprop_buffer_floats(cin_g, halo_rows * pitch));
   float* s_buf = reinterpret_cast<float*>(smem4);  // [kStages][ci][halo_rows][pitch]
   float* s_w = s_buf + kStages * buf_floats;        // [ci][kh][kw][kCoTile]
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
     return small_channels::halo_cols(it.tw * sc::kTileCols * sw - p.pad_w, vec);
   };
 
-  // With the tensor-copy engine (tma), one thread starts an image's box
+  // With the tensor-copy engine (tma), one thread starts an item's box
   // (zeros outside the image) and every thread waits on the buffer's
   // barrier.
   small_channels::CopyRing<kStages> ring(staged, tma);
