@@ -551,35 +551,69 @@ constexpr int64_t aligned_floats(int64_t floats) { return (floats + 31) / 32 * 3
 constexpr int64_t fprop_buffer_floats(int64_t cin, int64_t plane_floats) {
   return aligned_floats(cin * plane_floats);
 }
-inline int64_t fprop_smem_bytes(const ConvParams& p, bool narrow_tile, int stages) {
+// A channel tile's weights [ci][kh][kw][co_tile], then its biases.
+constexpr int64_t fprop_weight_floats(int64_t cin, int64_t taps, int64_t co_tile) {
+  return (cin * taps + 1) * co_tile;
+}
+// Narrow tiles stage their few weights with each item's halo, in the ring:
+// a block's consecutive items are usually other channels, and weights read
+// when an item starts put a global load's latency before every item. Wide
+// tiles (64 channels, 37.6 KB of weights for the RGB stem) stage them once
+// per channel tile, after the ring.
+inline int64_t fprop_smem_bytes(const ConvParams& p, bool narrow_tile, int stages,
+                                int narrow_rows = kNarrowRows) {
   const int64_t cin = p.in_channels_per_group();
-  const int rows = narrow_tile ? kNarrowRows * kSlots : kWideRows;
+  const int rows = narrow_tile ? narrow_rows * kSlots : kWideRows;
   const int64_t co_tile = narrow_tile ? p.out_channels_per_group() : kWideCo * kSlots;
   const Halo h = halo(rows, kTileCols, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
                       p.dilation_h, p.dilation_w);
   if (h.floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
-  return 4 * (stages * fprop_buffer_floats(cin, h.floats) +
-              cin * p.kernel_h * p.kernel_w * co_tile);
+  const int64_t weights = fprop_weight_floats(cin, p.kernel_h * p.kernel_w, co_tile);
+  if (narrow_tile) {
+    return 4 * stages * (fprop_buffer_floats(cin, h.floats) + aligned_floats(weights));
+  }
+  return 4 * (stages * fprop_buffer_floats(cin, h.floats) + weights);
 }
 // Which tile and whether the kernel fits are decided at two stages.
 inline bool fprop_narrow(const ConvParams& p) {
   return narrow(p) && (p.out_channels_per_group() <= 2 ||
                        fprop_smem_bytes(p, true, 2) <= kMaxSmemBytes);
 }
+// Tall narrow tiles: 14 rows per thread, a 56-row tile, for one output
+// channel per group (depthwise) where that covers the plane's rows with no
+// more waste than 32-row tiles: 56-row planes (dw_5x5) took two 32-row
+// tiles, one of them a quarter empty, and each work item costs a fixed
+// few hundred instructions (cursor, copy, barriers, epilogue) besides its
+// multiply-adds. 112 and 224 rows split evenly too. Up to 25 taps: the
+// register window of a 7x7 kernel would not fit next to 14 rows.
+constexpr int kTallRows = 14;
+inline bool fprop_tall(const ConvParams& p) {
+  if (!fprop_narrow(p) || p.out_channels_per_group() != 1 || p.kernel_h * p.kernel_w > 25) {
+    return false;
+  }
+  const int64_t tall = kTallRows * kSlots, short_ = kNarrowRows * kSlots;
+  return (p.out_h + tall - 1) / tall * tall <= (p.out_h + short_ - 1) / short_ * short_ &&
+         fprop_smem_bytes(p, true, kFpropStages, kTallRows) <= kFpropThreeStageBytes;
+}
+// Output rows per thread of the forward's tile.
+inline int fprop_rows_per_thread(const ConvParams& p) {
+  return !fprop_narrow(p) ? kWideRows : fprop_tall(p) ? kTallRows : kNarrowRows;
+}
 inline int fprop_tile_rows(const ConvParams& p) {
-  return fprop_narrow(p) ? kNarrowRows * kSlots : kWideRows;
+  return fprop_narrow(p) ? fprop_rows_per_thread(p) * kSlots : kWideRows;
 }
 inline Halo fprop_halo(const ConvParams& p) {
   return halo(fprop_tile_rows(p), kTileCols, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
               p.dilation_h, p.dilation_w);
 }
 inline int fprop_stages(const ConvParams& p) {
-  return fprop_smem_bytes(p, fprop_narrow(p), kFpropStages) <= kFpropThreeStageBytes
+  return fprop_smem_bytes(p, fprop_narrow(p), kFpropStages, fprop_rows_per_thread(p)) <=
+                 kFpropThreeStageBytes
              ? kFpropStages
              : 2;
 }
 inline int64_t fprop_smem_bytes(const ConvParams& p) {
-  return fprop_smem_bytes(p, fprop_narrow(p), fprop_stages(p));
+  return fprop_smem_bytes(p, fprop_narrow(p), fprop_stages(p), fprop_rows_per_thread(p));
 }
 inline bool fprop_fits(const ConvParams& p) {
   return p.in_channels_per_group() <= kMaxChannels &&
@@ -626,10 +660,12 @@ inline int64_t wgrad_smem_bytes(const ConvParams& p) {
               p.in_channels_per_group() * wgrad_halo(p).floats);
 }
 // Up to the GPU's per-block limit: the narrow ring at stride 2 needs more
-// than the other passes' bound (one block per SM then).
+// than the other passes' bound (one block per SM then). The limit counts
+// the kernels' static shared memory too (the warp sums, at most 1.6 KB).
+constexpr int64_t kWgradStaticSmemBytes = 2 * 1024;
 inline bool wgrad_fits(const ConvParams& p, int sm) {
   return p.in_channels_per_group() <= kMaxChannels &&
-         wgrad_smem_bytes(p) <= igemm_wgrad::max_block_smem_bytes(sm);
+         wgrad_smem_bytes(p) + kWgradStaticSmemBytes <= igemm_wgrad::max_block_smem_bytes(sm);
 }
 
 // dgrad runs on the forward kernel where it is a unit-stride forward that

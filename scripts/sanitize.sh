@@ -37,7 +37,8 @@
 #   multiplier 2, stride (2, 1)); the few-channel kernels on cases 13 (RGB
 #   stem, 7x7, stride 2) and 17 (rows of 68 floats: TMA); the narrow tile
 #   with 4 output channels per group on case 24; wide tiles striding over
-#   more work items than a wave of blocks on case 27.
+#   more work items than a wave of blocks on case 27; tall depthwise tiles
+#   on cases 28 (one wave over whole planes) and 29 (rows of 45 floats).
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -66,7 +67,7 @@ else
   for mode in ieee tf32; do
     tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
   done
-  for c in 0 1 3 7 13 17 24 27; do
+  for c in 0 1 3 7 13 17 24 27 28 29; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
   done
 fi

@@ -51,6 +51,12 @@ CASES = [
     # blocks: each block strides over several, across channel tiles (its
     # weights restaged) and images.
     (3, 6, 96, 130, 140, (3, 5), 1, (1, 2), 1, 2, True),
+    # Depthwise planes of 56 and 112 rows: tall tiles (14 rows a thread). A
+    # tile covering the whole plane runs one wave of blocks striding over
+    # more planes than the wave holds, each item's weights and bias staged
+    # with its halo; rows of 45 floats stage without the tensor-copy engine.
+    (12, 40, 56, 60, 40, (5, 5), 1, 2, 1, 40, True),
+    (1, 3, 112, 45, 3, (3, 3), 1, 1, 1, 3, True),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.

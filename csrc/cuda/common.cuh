@@ -78,22 +78,28 @@ __device__ __forceinline__ WeightTileIndex decode_weight_tile_index(
   return t;
 }
 
-// Weight of the forward problem `p` at (group, co, ci, kh, kw) of a group's
-// channels, or 0 past the group's channels (tiles are padded with zeros).
+// Index in `w` of the forward problem `p`'s weight at (group, co, ci, kh,
+// kw) of a group's channels, or -1 past the group's channels (tiles are
+// padded with zeros; weight_or_zero reads it).
 // kFprop: `w` is [Cout][Cin/g][KH][KW]. kDgrad: `p` is dgrad_as_fprop() of
 // the layer, whose weight `w` is then [Cin][Cout/g][KH][KW] in p's terms,
 // read transposed within the group and rotated by 180 degrees.
+__device__ __forceinline__ int64_t weight_index(const ConvParams& p, WeightOrder order, int g,
+                                                int co, int ci, int kh, int kw) {
+  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
+  if (co >= cout_g || ci >= cin_g) return -1;
+  const int KH = p.kernel_h, KW = p.kernel_w;
+  if (order == WeightOrder::kDgrad) {
+    return ((int64_t(g) * cin_g + ci) * cout_g + co) * KH * KW + (KH - 1 - kh) * KW +
+           (KW - 1 - kw);
+  }
+  return ((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + kh * KW + kw;
+}
 __device__ __forceinline__ float weight_or_zero(const ConvParams& p, const float* w,
                                                 WeightOrder order, int g, int co, int ci,
                                                 int kh, int kw) {
-  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
-  if (co >= cout_g || ci >= cin_g) return 0.f;
-  const int KH = p.kernel_h, KW = p.kernel_w;
-  if (order == WeightOrder::kDgrad) {
-    return w[((int64_t(g) * cin_g + ci) * cout_g + co) * KH * KW + (KH - 1 - kh) * KW +
-             (KW - 1 - kw)];
-  }
-  return w[((int64_t(g) * cout_g + co) * cin_g + ci) * KH * KW + kh * KW + kw];
+  const int64_t i = weight_index(p, order, g, co, ci, kh, kw);
+  return i < 0 ? 0.f : w[i];
 }
 
 // Compute capability of the current device as 10*major + minor.
@@ -111,14 +117,19 @@ inline int pick_pixel_tile_w(int64_t row_width) {
 }
 
 // Raises a kernel's dynamic shared-memory limit when a launch needs more
-// than the default 48 KiB (only very wide generic kernels do).
+// than the default 48 KiB with its static shared memory.
 template <typename Kernel>
 void ensure_dynamic_smem(Kernel kernel, size_t bytes) {
+  // Without the opt-in, static and dynamic shared memory together may not
+  // pass 48 KB: a ring of exactly 48 KB next to a few static barriers
+  // failed to launch ("invalid argument").
   constexpr size_t kDefaultLimit = 48 * 1024;
-  if (bytes <= kDefaultLimit) return;
+  cudaFuncAttributes attr{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (bytes + attr.sharedSizeBytes <= kDefaultLimit) return;
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(bytes <= prop->sharedMemPerBlockOptin,
-              "conv2d_ext: this kernel size needs ", bytes,
+  TORCH_CHECK(bytes + attr.sharedSizeBytes <= prop->sharedMemPerBlockOptin,
+              "conv2d_ext: this kernel size needs ", bytes + attr.sharedSizeBytes,
               " bytes of shared memory per block, more than the ",
               prop->sharedMemPerBlockOptin, " this GPU allows");
   C10_CUDA_CHECK(cudaFuncSetAttribute(

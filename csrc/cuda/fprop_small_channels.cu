@@ -42,25 +42,27 @@ __device__ __forceinline__ void tap_weights(const float* s, float (&wv)[kCo]) {
   }
 }
 
-// A work item of the forward: output tile (th, tw) of channel tile gy
-// (group and output-channel tile) of image n. Blocks stride over items
-// numbered with tw fastest, then th, gy and n; the stride is split into
-// these digits once, so that stepping is a few additions and carries
-// instead of 64-bit divisions per item (about 8% of the depthwise
-// forward's time).
+// A work item of the forward: output tile (th, tw) of output-channel tile
+// ct of group g of image n. Blocks stride over items numbered with tw
+// fastest, then th, ct, g and n; the stride is split into these digits
+// once, so that stepping is a few additions and carries instead of
+// divisions per item (64-bit ones took about 8% of the depthwise
+// forward's time; 32-bit ones for the group, 5%).
 struct Item {
-  int tw, th, gy, n;
+  int tw, th, ct, g, n;
 };
 struct ItemRadix {
-  int tiles_w, tiles_h, channel_tiles;
+  int tiles_w, tiles_h, co_tiles, groups;
   __device__ __forceinline__ Item item(unsigned i) const {
     Item it;
     it.tw = static_cast<int>(i % tiles_w);
     i /= tiles_w;
     it.th = static_cast<int>(i % tiles_h);
     i /= tiles_h;
-    it.gy = static_cast<int>(i % channel_tiles);
-    it.n = static_cast<int>(i / channel_tiles);
+    it.ct = static_cast<int>(i % co_tiles);
+    i /= co_tiles;
+    it.g = static_cast<int>(i % groups);
+    it.n = static_cast<int>(i / groups);
     return it;
   }
   __device__ __forceinline__ void advance(Item& it, const Item& step) const {
@@ -70,10 +72,13 @@ struct ItemRadix {
     it.th += step.th + c0;
     const int c1 = it.th >= tiles_h;
     it.th -= c1 * tiles_h;
-    it.gy += step.gy + c1;
-    const int c2 = it.gy >= channel_tiles;
-    it.gy -= c2 * channel_tiles;
-    it.n += step.n + c2;
+    it.ct += step.ct + c1;
+    const int c2 = it.ct >= co_tiles;
+    it.ct -= c2 * co_tiles;
+    it.g += step.g + c2;
+    const int c3 = it.g >= groups;
+    it.g -= c3 * groups;
+    it.n += step.n + c3;
   }
 };
 
@@ -93,15 +98,26 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   constexpr int kCoTile = kCo * kCoGroups;
   extern __shared__ __align__(128) float4 smem4[];
   __shared__ uint64_t staged[kStages];
+  // Geometry in 32 bits (the entry checks the sizes): ConvParams holds
+  // 64-bit fields, and per-item arithmetic on them was a tenth of the
+  // depthwise forward's instructions.
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
+  const int groups = p.groups, batch = p.batch;
+  const int pad_h = p.pad_h, pad_w = p.pad_w;
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
   const int taps = KH * KW;
-  // A ring of kStages halo buffers (two or three, sc::fprop_stages): the
-  // next items' copies fly while one computes.
-  const int buf_floats = static_cast<int>(sc::fprop_buffer_floats(cin_g, halo_rows * pitch));
-  float* s_buf = reinterpret_cast<float*>(smem4);  // [kStages][ci][halo_rows][pitch]
-  float* s_w = s_buf + kStages * buf_floats;        // [ci][kh][kw][kCoTile]
+  // A ring of kStages buffers (two or three, sc::fprop_stages), each an
+  // item's halo [ci][halo_rows][pitch] and, for narrow tiles, its weights
+  // and biases (sc::fprop_smem_bytes): the next items' copies fly while one
+  // computes. Wide tiles keep their weights after the ring.
+  constexpr bool kRingWeights = kCoGroups == 1;
+  const int w_floats = static_cast<int>(sc::fprop_weight_floats(cin_g, taps, kCoTile));
+  const int halo_floats = static_cast<int>(sc::fprop_buffer_floats(cin_g, halo_rows * pitch));
+  const int buf_floats =
+      halo_floats + (kRingWeights ? static_cast<int>(sc::aligned_floats(w_floats)) : 0);
+  float* s_buf = reinterpret_cast<float*>(smem4);
+  float* const s_wide_w = s_buf + kStages * buf_floats;  // wide: [ci][kh][kw][kCoTile], bias
 
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
@@ -115,17 +131,20 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   const bool unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
 
   // Blocks stride over the work items (Item), prefetching the items they
-  // meet next into the ring. The launch picks the stride: for narrow tiles
-  // a multiple of tiles x channel tiles, so that a block keeps its channel
-  // tile and stages its weights once; for wide tiles one wave of resident
-  // blocks, whose 64 channels' weights are worth staging as few times as
-  // possible (a tenth of the RGB stem's time went to them with a block per
-  // tile and image).
+  // meet next into the ring. The launch picks the stride: one wave of
+  // resident blocks for wide tiles, whose 64 channels' weights are worth
+  // staging as few times as possible (a tenth of the RGB stem's time went
+  // to them with a block per tile and image), and for narrow tiles that
+  // cover a whole plane (dw_5x5: 7% over a grid several blocks deep, whose
+  // blocks did 6 or 7 items). Narrow tiles of larger planes keep that
+  // grid, every (tile, channel tile) pair over a few images: on one wave
+  // dw_3x3 was 20% slower, apparently because neighbouring tiles, which
+  // share halo rows, were then no longer staged at about the same time.
   const int co_tiles = (cout_g + kCoTile - 1) / kCoTile;
-  const ItemRadix radix{tiles_w, (Ho + kTileRows - 1) / kTileRows, p.groups * co_tiles};
+  const ItemRadix radix{tiles_w, (Ho + kTileRows - 1) / kTileRows, co_tiles, groups};
   const Item step = radix.item(gridDim.x);
   auto origin = [&](const Item& it) {
-    return small_channels::halo_cols(it.tw * sc::kTileCols * sw - p.pad_w, vec);
+    return small_channels::halo_cols(it.tw * sc::kTileCols * sw - pad_w, vec);
   };
 
   // With the tensor-copy engine (tma), one thread starts an item's box
@@ -133,11 +152,37 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   // barrier.
   small_channels::CopyRing<kStages> ring(staged, tma);
   const uint32_t box_bytes = 4u * cin_g * halo_rows * pitch;
+  // Weights and biases of item `it`'s channel tile into `dst`
+  // (fprop_weight_floats), zeros past the group's channels or without bias.
+  auto copy_weights = [&](const Item& it, float* dst, auto async) {
+    const int co0 = it.ct * kCoTile;
+    for (int k = threadIdx.x; k < w_floats; k += sc::kThreads) {
+      int64_t i;
+      const float* src;
+      if (k < w_floats - kCoTile) {
+        const int c = k % kCoTile;
+        const int t = k / kCoTile;  // (ci * KH + kh) * KW + kw
+        const int ci = t / taps, kh = (t % taps) / KW, kw = t % KW;
+        i = weight_index(p, order, it.g, co0 + c, ci, kh, kw);
+        src = w;
+      } else {
+        const int co = co0 + k - (w_floats - kCoTile);
+        i = bias != nullptr && co < cout_g ? it.g * cout_g + co : -1;
+        src = bias;
+      }
+      if constexpr (decltype(async)::value) {
+        cp_async_4(dst + k, i < 0 ? w : src + i, i >= 0);
+      } else {
+        dst[k] = i < 0 ? 0.f : src[i];
+      }
+    }
+  };
   auto stage = [&](const Item& it, int b) {
-    const int g = it.gy / co_tiles;
-    const int ih0 = it.th * kTileRows * sh - p.pad_h;
+    const int g = it.g;
+    const int ih0 = it.th * kTileRows * sh - pad_h;
     const HaloCols hc = origin(it);
     float* dst = s_buf + b * buf_floats;
+    if constexpr (kRingWeights) copy_weights(it, dst + halo_floats, std::true_type{});
     if (tma) {
       if (threadIdx.x == 0) {
         mbarrier_arrive_expect_tx(&ring.barrier[b], box_bytes);
@@ -154,47 +199,41 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   Item ahead = radix.item(blockIdx.x);
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) {
-    if (ahead.n < p.batch) stage(ahead, k);
+    if (ahead.n < batch) stage(ahead, k);
     cp_async_commit();
     radix.advance(ahead, step);
   }
   int buf = 0;
-  int staged_gy = -1;  // the channel tile whose weights s_w holds
-  for (Item it = radix.item(blockIdx.x); it.n < p.batch; radix.advance(it, step)) {
+  int staged_ct = -1, staged_g = -1;  // wide: the channel tile whose weights s_wide_w holds
+  for (Item it = radix.item(blockIdx.x); it.n < batch; radix.advance(it, step)) {
     // Refills the buffer consumed in the previous iteration (barrier at
     // its end).
-    if (ahead.n < p.batch) stage(ahead, (buf + kStages - 1) % kStages);
+    if (ahead.n < batch) stage(ahead, (buf + kStages - 1) % kStages);
     radix.advance(ahead, step);
-    const int g = it.gy / co_tiles;
-    const int co0 = (it.gy % co_tiles) * kCoTile;
-    if (it.gy != staged_gy) {  // s_w is free: the previous item ended on a barrier
-      staged_gy = it.gy;
-      for (int k = threadIdx.x; k < cin_g * taps * kCoTile; k += sc::kThreads) {
-        const int c = k % kCoTile;
-        const int t = k / kCoTile;  // (ci * KH + kh) * KW + kw
-        const int ci = t / taps, kh = (t % taps) / KW, kw = t % KW;
-        s_w[k] = weight_or_zero(p, w, order, g, co0 + c, ci, kh, kw);
+    const int g = it.g;
+    const int co0 = it.ct * kCoTile;
+    if constexpr (!kRingWeights) {
+      if (it.ct != staged_ct || g != staged_g) {  // free: the previous item ended on a barrier
+        staged_ct = it.ct;
+        staged_g = g;
+        copy_weights(it, s_wide_w, std::false_type{});
       }
     }
-    if (tma) {
-      ring.wait(buf);
-    } else {
-      cp_async_commit();
-      cp_async_wait<kStages - 1>();
-    }
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    if (tma) ring.wait(buf);
     __syncthreads();  // every thread's copies; a new channel tile's weights
     const float* s_x = s_buf + buf * buf_floats;
+    const float* s_w = kRingWeights ? s_x + halo_floats : s_wide_w;
+    const float* s_bias = s_w + w_floats - kCoTile;
     const int oh0 = it.th * kTileRows, ow = it.tw * sc::kTileCols + col, n = it.n;
     const HaloCols hc = origin(it);
 
     float acc[kRows][kCo];
 #pragma unroll
-    for (int c = 0; c < kCo; ++c) {
-      const int co = co0 + cg * kCo + c;
-      const float b = (bias != nullptr && co < cout_g) ? bias[g * cout_g + co] : 0.f;
+    for (int c = 0; c < kCo; ++c)
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r][c] = b;
-    }
+      for (int r = 0; r < kRows; ++r) acc[r][c] = s_bias[cg * kCo + c];
     for (int ci = 0; ci < cin_g; ++ci) {
       const float* sx = s_x + ci * halo_rows * pitch + hc.lead;
       const float* swt = s_w + ci * taps * kCoTile + cg * kCo;
@@ -320,14 +359,14 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   auto run = [&](auto kernel) {
     ensure_dynamic_smem(kernel, smem);
     int64_t blocks = 0;
-    if constexpr (kCoGroups > 1) {  // wide: one wave of resident blocks
+    if (kCoGroups > 1 || tiles == 1) {  // one wave of resident blocks
       int per_sm = 0;
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
                                                                    sc::kThreads, smem));
       blocks = std::min({items, int64_t(std::max(per_sm, 1)) * sms, kMaxBlocks});
     } else {
-      // Narrow: every (tile, channel tile) pair, over as many images as
-      // needed to fill the GPU several blocks deep.
+      // Narrow tiles of larger planes: every (tile, channel tile) pair,
+      // over as many images as needed to fill the GPU several blocks deep.
       const int64_t images = std::min(p.batch, ceil_div(8 * int64_t(sms), tiles * channel_tiles));
       blocks = std::min(tiles * channel_tiles * images, kMaxBlocks);
     }
@@ -376,8 +415,14 @@ void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const
                                                              vec, tma);
     } else {
       small_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
-        launch<KH, KW, decltype(co)::value, sc::kNarrowRows, 1>(p, x_map, xp, wp, bias, yp,
-                                                                order, vec, tma);
+        constexpr int kCo = decltype(co)::value;
+        if constexpr (kCo == 1 && KH * KW <= 25) {  // fprop_tall's bound; KH = 0: any size
+          if (sc::fprop_tall(p)) {
+            launch<KH, KW, 1, sc::kTallRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
+            return;
+          }
+        }
+        launch<KH, KW, kCo, sc::kNarrowRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
       });
     }
   });

@@ -96,12 +96,15 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   __shared__ uint64_t staged[kStages];
   float* s_buf = reinterpret_cast<float*>(smem4);
   __shared__ float s_red[kWarps][kCo * kTaps];
+  static_assert(sizeof(s_red) + sizeof(staged) <= sc::kWgradStaticSmemBytes,
+                "wgrad_fits reserves this much static shared memory");
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
   const int taps = KH * KW;
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w;
+  const int pad_h = p.pad_h, pad_w = p.pad_w;  // 32-bit per-step arithmetic
   const bool unit = sh == 1 && sw == 1 && p.dilation_h == 1 && p.dilation_w == 1;
 
   // blockIdx.x -> (group, input channel, tap segment).
@@ -125,41 +128,60 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     for (int t = 0; t < kTaps; ++t) acc[c][t] = 0.f;
 
   const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
-  const int tiles = ((Ho + kTileRows - 1) / kTileRows) * tiles_w;
+  const int tiles_h = (Ho + kTileRows - 1) / kTileRows;
+  const int tiles = tiles_h * tiles_w;
   const int total = p.batch * tiles;
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
   const int x_floats = static_cast<int>(sc::aligned_floats(halo_rows * pitch));
   const int buf_floats = x_floats + kCo * kGoFloats;
+  // Step s is tile (th, tw) of image n, tw fastest. Cursors step by one
+  // tile with carries: divisions per step were a tenth of the depthwise
+  // wgrad's instructions.
   struct Origin {
     int n, oh0, ow0;
   };
-  auto origin = [&](int s) {
+  struct Cursor {
+    int tw, th, n;
+  };
+  auto cursor = [&](int s) {
     const int tile = s % tiles;
-    return Origin{s / tiles, (tile / tiles_w) * kTileRows, (tile % tiles_w) * sc::kTileCols};
+    return Cursor{tile % tiles_w, tile / tiles_w, s / tiles};
+  };
+  auto next = [&](Cursor& c) {
+    if (++c.tw == tiles_w) {
+      c.tw = 0;
+      if (++c.th == tiles_h) {
+        c.th = 0;
+        ++c.n;
+      }
+    }
+  };
+  auto origin = [&](const Cursor& c) {
+    return Origin{c.n, c.th * kTileRows, c.tw * sc::kTileCols};
   };
   // With the tensor-copy engine (tma), one thread starts both boxes of a
   // step on its buffer's barrier (zeros outside the image), as in the
   // forward.
   small_channels::CopyRing<kStages> ring(staged, tma);
   const uint32_t step_bytes = 4u * (halo_rows * pitch + kCo * kGoFloats);
-  auto stage = [&](int s, int b) {
-    const auto [n, oh0, ow0] = origin(s);
+  auto stage = [&](const Cursor& c, int b) {
+    const auto [n, oh0, ow0] = origin(c);
     float* dst = s_buf + b * buf_floats;
     if (tma) {
       if (threadIdx.x == 0) {
-        const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, true);
+        const HaloCols hc = small_channels::halo_cols(ow0 * sw - pad_w, true);
         mbarrier_arrive_expect_tx(&ring.barrier[b], step_bytes);
-        tma_load_4d(dst, &x_map, hc.first - hc.lead, oh0 * sh - p.pad_h, g * cin_g + ci, n,
+        tma_load_4d(dst, &x_map, hc.first - hc.lead, oh0 * sh - pad_h, g * cin_g + ci, n,
                     &ring.barrier[b]);
         tma_load_4d(dst + x_floats, &go_map, ow0, oh0, g * cout_g, n, &ring.barrier[b]);
       }
       return;
     }
     small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
-                               1, H, W, oh0 * sh - p.pad_h, halo_rows,
-                               small_channels::halo_cols(ow0 * sw - p.pad_w, vec), halo_cols,
+                               1, H, W, oh0 * sh - pad_h, halo_rows,
+                               small_channels::halo_cols(ow0 * sw - pad_w, vec), halo_cols,
                                pitch, x_floats, vec);
     small_channels::stage_halo(dst + x_floats,
                                grad_out + plane_offset(n, p.out_channels, g * cout_g, Ho * Wo),
@@ -169,19 +191,23 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   };
   // Groups are committed even when empty, so that the wait below counts
   // kStages - 1 groups younger than the current tile's.
+  Cursor ahead = cursor(first);
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) {
-    if (first + k < last) stage(first + k, k);
+    if (first + k < last) stage(ahead, k);
     cp_async_commit();
+    next(ahead);
   }
   int buf = 0;
-  for (int s = first; s < last; ++s, buf = (buf + 1) % kStages) {
-    const auto [n, oh0, ow0] = origin(s);
+  Cursor cur = cursor(first);
+  for (int s = first; s < last; ++s, buf = (buf + 1) % kStages, next(cur)) {
+    const auto [n, oh0, ow0] = origin(cur);
     (void)n;  // the staged buffers already hold image n
-    const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+    const HaloCols hc = small_channels::halo_cols(ow0 * sw - pad_w, vec);
     // Refills the buffer consumed in the previous iteration (barrier at its
     // end).
-    if (s + kStages - 1 < last) stage(s + kStages - 1, (buf + kStages - 1) % kStages);
+    if (s + kStages - 1 < last) stage(ahead, (buf + kStages - 1) % kStages);
+    next(ahead);
     if (tma) {
       ring.wait(buf);
     } else {
