@@ -99,8 +99,9 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   extern __shared__ __align__(128) float4 smem4[];
   __shared__ uint64_t staged[kStages];
   // Geometry in 32 bits (the entry checks the sizes): ConvParams holds
-  // 64-bit fields, and per-item arithmetic on them was a tenth of the
-  // depthwise forward's instructions.
+  // 64-bit fields, and per-item arithmetic on them was part of the
+  // overhead that, with the divisions and cursor steps, made up half of
+  // the depthwise forward's instructions per item.
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
   const int groups = p.groups, batch = p.batch;
