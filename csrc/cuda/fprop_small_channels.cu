@@ -65,20 +65,19 @@ struct ItemRadix {
     it.n = static_cast<int>(i / groups);
     return it;
   }
+  // Brings a digit below its radix (it is below twice the radix: a digit
+  // plus a step's digit plus a carry); returns the carry.
+  static __device__ __forceinline__ int wrap(int& digit, int radix) {
+    const int carry = digit >= radix;
+    digit -= carry * radix;
+    return carry;
+  }
   __device__ __forceinline__ void advance(Item& it, const Item& step) const {
     it.tw += step.tw;
-    const int c0 = it.tw >= tiles_w;
-    it.tw -= c0 * tiles_w;
-    it.th += step.th + c0;
-    const int c1 = it.th >= tiles_h;
-    it.th -= c1 * tiles_h;
-    it.ct += step.ct + c1;
-    const int c2 = it.ct >= co_tiles;
-    it.ct -= c2 * co_tiles;
-    it.g += step.g + c2;
-    const int c3 = it.g >= groups;
-    it.g -= c3 * groups;
-    it.n += step.n + c3;
+    it.th += step.th + wrap(it.tw, tiles_w);
+    it.ct += step.ct + wrap(it.th, tiles_h);
+    it.g += step.g + wrap(it.ct, co_tiles);
+    it.n += step.n + wrap(it.g, groups);
   }
 };
 
