@@ -587,8 +587,10 @@ inline bool fprop_narrow(const ConvParams& p) {
 // multiply-adds. 112 and 224 rows split evenly too. Up to 25 taps: the
 // register window of a 7x7 kernel would not fit next to 14 rows.
 constexpr int kTallRows = 14;
+constexpr int kTallMaxTaps = 25;
 inline bool fprop_tall(const ConvParams& p) {
-  if (!fprop_narrow(p) || p.out_channels_per_group() != 1 || p.kernel_h * p.kernel_w > 25) {
+  if (!fprop_narrow(p) || p.out_channels_per_group() != 1 ||
+      p.kernel_h * p.kernel_w > kTallMaxTaps) {
     return false;
   }
   const int64_t tall = kTallRows * kSlots, short_ = kNarrowRows * kSlots;

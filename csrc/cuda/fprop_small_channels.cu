@@ -416,7 +416,7 @@ void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const
     } else {
       small_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
         constexpr int kCo = decltype(co)::value;
-        if constexpr (kCo == 1 && KH * KW <= 25) {  // fprop_tall's bound; KH = 0: any size
+        if constexpr (kCo == 1 && KH * KW <= sc::kTallMaxTaps) {  // KH = 0: any size
           if (sc::fprop_tall(p)) {
             launch<KH, KW, 1, sc::kTallRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
             return;
