@@ -93,6 +93,15 @@ TENSOR_CORE = [
     (1, 12, 5, 60, 70, (3, 3), 1, 0, 1, 1, False),
     (2, 24, 12, 100, 16, (7, 7), 1, 3, 1, 1, True),
     (1, 16, 7, 64, 8, (3, 3), 1, 0, 1, 1, True),
+    # The sm_90 wgrad on workload a's 5x9 (four channel groups, a K tile
+    # crossing the right edge, several K tiles per block's slice of the
+    # batch, so that its tile cursor carries over columns, rows and images)
+    # and at column dilation 4.
+    (1, 32, 9, 180, 24, (5, 9), 1, 0, 1, 1, True),
+    (2, 16, 6, 120, 8, (3, 5), 1, (1, 2), (1, 4), 1, False),
+    # Five K tiles per block (1152 K tiles over the H100's 264 block slots):
+    # the cursor carries over columns, row phases (dilation 2) and images.
+    (12, 8, 188, 100, 8, (3, 3), 1, 1, (2, 1), 1, False),
     # The flat 3xTF32 forward with three k8 steps per temporary (K >= 512):
     # a 9-step stage (3x3) and a 5-step stage (5x5: three, then two).
     (1, 64, 9, 64, 16, (3, 3), 1, 1, 1, 1, True),

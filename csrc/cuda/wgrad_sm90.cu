@@ -102,18 +102,45 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
       off[t][h] = ((cg - group_base) * 8 + gq) * L.plane + kh * bc + kw * dw + tq;
     }
 
-  const int tiles_hw = L.tiles_h * L.tiles_w;
+  // K tiles in (image, row tile, column tile) order. A cursor steps through
+  // them by carries: a tile's coordinates cost three run-time divisions
+  // (about 60 instructions), and every thread needs the current tile, thread
+  // 0 two more, each K tile. The row tile is kept as (tile_h / dh,
+  // tile_h % dh) for phase_row0.
+  struct Cursor {
+    int n, thq, thr, tw;
+  };
+  const int tiles_hq = L.tiles_h / dh;  // whole: phase_row_tiles
+  auto cursor_at = [&](int64_t kt) {
+    const int64_t tiles_hw = int64_t(L.tiles_h) * L.tiles_w;
+    Cursor c;
+    c.n = static_cast<int>(kt / tiles_hw);
+    const int rest = static_cast<int>(kt - c.n * tiles_hw);
+    const int tile_h = rest / L.tiles_w;
+    c.tw = rest - tile_h * L.tiles_w;
+    c.thq = tile_h / dh;
+    c.thr = tile_h - c.thq * dh;
+    return c;
+  };
+  auto next = [&](Cursor c) {
+    if (++c.tw == L.tiles_w) {
+      c.tw = 0;
+      if (++c.thr == dh) {
+        c.thr = 0;
+        if (++c.thq == tiles_hq) {
+          c.thq = 0;
+          ++c.n;
+        }
+      }
+    }
+    return c;
+  };
   struct Tile {
     int n, oh0, ow0;
   };
-  auto tile_of = [&](int64_t kt) {
-    Tile t;
-    t.n = static_cast<int>(kt / tiles_hw);
-    const int rest = static_cast<int>(kt - int64_t(t.n) * tiles_hw);
-    const int tile_h = rest / L.tiles_w;
-    t.ow0 = (rest - tile_h * L.tiles_w) * cfg::kCols;
-    t.oh0 = phase_row0(tile_h, rows, dh);  // rows oh0 + dh*r
-    return t;
+  auto tile_of = [&](Cursor c) {
+    // Rows oh0 + dh*r: phase_row0 of row tile thq * dh + thr.
+    return Tile{c.n, c.thq * rows * dh + c.thr, c.tw * cfg::kCols};
   };
 
   if (threadIdx.x == 0) {
@@ -126,8 +153,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 
   // Thread 0 starts the halo box of tile kt into buffer `buf`; it starts on
   // a 16-byte column, up to 3 left of the halo's first.
-  auto start_halo = [&](int64_t kt, int buf) {
-    const Tile t = tile_of(kt);
+  auto start_halo = [&](const Tile& t, int buf) {
     const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
     const int ih0 = t.oh0 - static_cast<int>(p.pad_h);
     mbarrier_arrive_expect_tx(&halo_full[buf],
@@ -138,8 +164,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   // grad_output of tile kt into `raw`: by TMA (thread 0), or by every
   // thread's cp.async (zeros outside the output).
   const int raw_bytes = static_cast<int>(4 * L.raw_floats);
-  auto start_raw = [&](int64_t kt) {
-    const Tile t = tile_of(kt);
+  auto start_raw = [&](const Tile& t) {
     const int gco0 = g * cout_g + co0;
     if (go_by_tma) {
       if (threadIdx.x == 0) {
@@ -279,12 +304,13 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     }
   };
 
+  Cursor cur = cursor_at(kt_begin);
   if (kt_begin < kt_end) {
     if (threadIdx.x == 0) {
-      start_halo(kt_begin, 0);
-      if (kt_begin + 1 < kt_end) start_halo(kt_begin + 1, 1);
+      start_halo(tile_of(cur), 0);
+      if (kt_begin + 1 < kt_end) start_halo(tile_of(next(cur)), 1);
     }
-    start_raw(kt_begin);
+    start_raw(tile_of(cur));
   }
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const int i = static_cast<int>(kt - kt_begin);
@@ -298,12 +324,13 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     rearrange();
     fence_proxy_async_smem();  // wgmma reads what the threads stored
     __syncthreads();
-    if (kt + 1 < kt_end) start_raw(kt + 1);  // raw is free again
+    if (kt + 1 < kt_end) start_raw(tile_of(next(cur)));  // raw is free again
 
-    const Tile t = tile_of(kt);
+    const Tile t = tile_of(cur);
     const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
     const float* hb = halo0 + buf * L.halo_floats + (iw0 & 3);
-    const int valid_rows = min(rows, (Ho - t.oh0 + dh - 1) / dh);  // oh0 + dh*r < Ho
+    int valid_rows = rows;  // oh0 + dh*r < Ho; a division only at the bottom
+    if (t.oh0 + dh * (rows - 1) >= Ho) valid_rows = (Ho - t.oh0 + dh - 1) / dh;
     const int cols = Wo - t.ow0;
     mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
     if (cols >= cfg::kCols) {
@@ -312,7 +339,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
       compute(hb, valid_rows, cols, std::true_type{});
     }
     __syncthreads();  // every lane is done with this halo and with B
-    if (threadIdx.x == 0 && kt + 2 < kt_end) start_halo(kt + 2, buf);
+    if (threadIdx.x == 0 && kt + 2 < kt_end) start_halo(tile_of(next(next(cur))), buf);
+    cur = next(cur);
   }
 
   // Accumulator (t, f, e): row gq (+8 for e >= 2) of the warp's 16 in tile
