@@ -207,10 +207,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
         float* d = dst + 32 * j;
         if constexpr (kSplit) {
           uint32_t big[4], small[4];
-          tf32_split</*kRoundBig=*/true>(v.x, big[0], small[0]);
-          tf32_split</*kRoundBig=*/true>(v.y, big[1], small[1]);
-          tf32_split</*kRoundBig=*/true>(v.z, big[2], small[2]);
-          tf32_split</*kRoundBig=*/true>(v.w, big[3], small[3]);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.x, big[0], small[0]);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.y, big[1], small[1]);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.z, big[2], small[2]);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.w, big[3], small[3]);
           st_shared_16(d, big[0], big[1], big[2], big[3]);
           st_shared_16(d + L.b_floats, small[0], small[1], small[2], small[3]);
         } else {
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             if constexpr (kSplit) {
-              tf32_split</*kRoundBig=*/true>(v[e], a_big[set][t][e], a_small[set][t][e]);
+              tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v[e], a_big[set][t][e], a_small[set][t][e]);
             } else {
               a_big[set][t][e] = tf32_operand(v[e]);
             }
