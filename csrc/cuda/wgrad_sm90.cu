@@ -52,6 +52,13 @@ namespace {
 
 namespace cfg = igemm_wgrad_sm90;
 
+// The 3xTF32 split of both operands: big rounded (long reductions need
+// the margin against cuDNN's FP32), small left to the tensor cores'
+// truncation (two instructions fewer; mma.cuh has the error bounds).
+__device__ __forceinline__ void split3(float x, uint32_t& big, uint32_t& small) {
+  tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(x, big, small);
+}
+
 template <int MT, bool kSplit>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     wgrad_sm90_kernel(const __grid_constant__ CUtensorMap x_map,
@@ -151,7 +158,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   }
   __syncthreads();
 
-  // Thread 0 starts the halo box of tile kt into buffer `buf`; it starts on
+  // Thread 0 starts the halo box of tile t into buffer `buf`; it starts on
   // a 16-byte column, up to 3 left of the halo's first.
   auto start_halo = [&](const Tile& t, int buf) {
     const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     tma_load_4d(halo0 + buf * L.halo_floats, &x_map, iw0 & ~3, ih0,
                 g * cin_g + group_base * 8, t.n, &halo_full[buf]);
   };
-  // grad_output of tile kt into `raw`: by TMA (thread 0), or by every
+  // grad_output of tile t into `raw`: by TMA (thread 0), or by every
   // thread's cp.async (zeros outside the output).
   const int raw_bytes = static_cast<int>(4 * L.raw_floats);
   auto start_raw = [&](const Tile& t) {
@@ -207,10 +214,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
         float* d = dst + 32 * j;
         if constexpr (kSplit) {
           uint32_t big[4], small[4];
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.x, big[0], small[0]);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.y, big[1], small[1]);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.z, big[2], small[2]);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.w, big[3], small[3]);
+          split3(v.x, big[0], small[0]);
+          split3(v.y, big[1], small[1]);
+          split3(v.z, big[2], small[2]);
+          split3(v.w, big[3], small[3]);
           st_shared_16(d, big[0], big[1], big[2], big[3]);
           st_shared_16(d + L.b_floats, small[0], small[1], small[2], small[3]);
         } else {
@@ -257,7 +264,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             if constexpr (kSplit) {
-              tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v[e], a_big[set][t][e], a_small[set][t][e]);
+              split3(v[e], a_big[set][t][e], a_small[set][t][e]);
             } else {
               a_big[set][t][e] = tf32_operand(v[e]);
             }
