@@ -362,9 +362,9 @@ namespace conv2d_ext {
 // wgrad on Hopper's wgmma (csrc/cuda/wgrad_sm90.cu), unit stride. GEMM view
 // per block: M = (input channel, tap) rows, N = 64 output channels, K =
 // output positions. A (the input at each row's tap) comes from registers,
-// loaded from a plain NCHW halo at any tap offset; B (grad_output) is
-// rearranged into wgmma's K-major layout once per K tile. A unit is 8
-// input channels at one tap; an m64 tile is 8 units.
+// loaded from a plain NCHW halo at any tap offset; B (grad_output) lands in
+// wgmma's K-major layout (128-byte swizzle) and is rounded or split in
+// place. A unit is 8 input channels at one tap; an m64 tile is 8 units.
 namespace igemm_wgrad_sm90 {
 
 constexpr int kCo = 64;       // N: output channels of a block
@@ -374,11 +374,10 @@ constexpr int kUnitsPerTile = 8;
 constexpr int kBlocksPerSm = 2;  // registers: up to 255 per thread; one where
                                  // the halo needs the SM's shared memory (7x7, IEEE)
 constexpr int kMaxRows = 4;     // output rows of a K tile (one dilation phase)
-// B of one k8 step: two k halves of 8 row groups of 8 channels x 16 bytes,
-// each half padded by 16 bytes so that the 8 lanes storing 8 consecutive
-// position quads of one channel hit 8 different bank groups.
-constexpr int kHalfFloats = 4 * (kCo + 1);
-constexpr int kStepFloats = 2 * kHalfFloats;
+// B of one output row: [2 column halves][64 channels][32 positions], each
+// half a TMA box of 128-byte rows in the 128-byte swizzle (16 KB).
+constexpr int kRowFloats = kCo * kCols;
+constexpr int kAlignSlack = 1024;  // the swizzle's atoms are 1024-byte aligned
 // Accumulators: 32 registers per m64 tile; 3xTF32 also keeps a temporary
 // per tile that its products go into before FP32 adds (the tensor cores
 // truncate as they accumulate).
@@ -391,6 +390,9 @@ struct Layout {
   int tiles;  // m64 tiles per block
   int blocks_per_sm;  // kBlocksPerSm, or 1
   int units, unit_blocks;  // units of a group; blocks over them
+  // Blocks per 8-channel group when a block's units stay in one group (its
+  // halo then holds 8 channels), else 0: units run on across groups.
+  int group_blocks;
   int box_channels;  // halo channels staged: 8 x the most channel groups a block spans
   int rows;  // output rows of a K tile
   int halo_rows;  // rows + KH - 1, made odd
@@ -399,7 +401,9 @@ struct Layout {
               // of an A load fall in 32 different banks
   int tiles_h, tiles_w, co_tiles;
   int64_t k_tiles;
-  int64_t halo_floats, raw_floats, b_floats;  // each 128-byte aligned
+  int64_t halo_floats;  // one halo buffer, 128-byte aligned
+  int64_t b_floats;  // B of a K tile (3xTF32: its big half; the small half follows)
+  int64_t stage_floats;  // one of B's two buffers
   int64_t smem_bytes;  // INT64_MAX when nothing fits
 };
 
@@ -425,36 +429,44 @@ inline Layout layout(const ConvParams& p, bool split) {
   l.halo_cols = static_cast<int>(cols);
   auto round128 = [](int64_t floats) { return (floats + 31) / 32 * 32; };
   // Tiles per block: the least work counting padded units and, per block,
-  // grad_output's copy and rearrangement as about half a tile; two blocks
-  // per SM where they fit.
+  // grad_output's copy and split as about half a tile; two blocks per SM
+  // where they fit. B is double-buffered: a K tile's B is rounded or split
+  // under the wgmmas of the one before.
   int64_t best_cost = 0;
   for (int per_sm = kBlocksPerSm; per_sm >= 1 && best_cost == 0; --per_sm) {
     for (int mt = max_tiles(split); mt >= 1; --mt) {
       const int64_t per_block = int64_t(kUnitsPerTile) * mt;
       const int64_t blocks = (l.units + per_block - 1) / per_block;
+      // Blocks that keep to one channel group stage half the halo or less;
+      // taken where they cost no more blocks (45 taps in blocks of 16: 3
+      // per group either way).
+      const int64_t per_group = (taps + per_block - 1) / per_block;
+      const bool in_group = groups8 * per_group <= blocks;
       const int64_t cost = blocks * (2 * mt + 1);
       if (best_cost != 0 && cost >= best_cost) continue;
-      const int64_t span = std::min<int64_t>(groups8, (taps - 1 + per_block - 1) / taps + 1);
+      const int64_t span =
+          in_group ? 1 : std::min<int64_t>(groups8, (taps - 1 + per_block - 1) / taps + 1);
       for (int rows = kMaxRows; rows >= 1; rows /= 2) {
         if (rows > 1 && rows * p.dilation_h > p.out_h) continue;
         const int64_t halo_rows = (rows + p.kernel_h - 1) | 1;
         if (halo_rows * p.dilation_h > kMaxTmaBox) continue;
         const int64_t plane = halo_rows * cols;
         const int64_t halo = round128(span * 8 * plane);
-        const int64_t raw = int64_t(kCo) * rows * kCols;
-        const int64_t b = round128(int64_t(rows) * (kCols / 8) * kStepFloats);
-        const int64_t bytes = 4 * (2 * halo + raw + (split ? 2 : 1) * b);
+        const int64_t b = int64_t(rows) * kRowFloats;
+        const int64_t stage = (split ? 2 : 1) * b;
+        const int64_t bytes = kAlignSlack + 4 * (2 * stage + 2 * halo);
         if (bytes > smem_budget(per_sm)) continue;
         l.tiles = mt;
         l.blocks_per_sm = per_sm;
-        l.unit_blocks = static_cast<int>(blocks);
+        l.unit_blocks = static_cast<int>(in_group ? groups8 * per_group : blocks);
+        l.group_blocks = in_group ? static_cast<int>(per_group) : 0;
         l.box_channels = static_cast<int>(8 * span);
         l.rows = rows;
         l.halo_rows = static_cast<int>(halo_rows);
         l.plane = static_cast<int>(plane);
         l.halo_floats = halo;
-        l.raw_floats = raw;
         l.b_floats = b;
+        l.stage_floats = stage;
         l.smem_bytes = bytes;
         best_cost = cost;
         break;

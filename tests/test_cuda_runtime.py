@@ -186,3 +186,31 @@ def test_second_gpu(precision):
         assert out.device == torch.device("cuda:1")
     _check(outs, x, w, b, gy, "cuda:1, autograd: ")
     _check(ops_outs, x, w, b, gy, "cuda:1, ops: ")
+
+
+_FIRST_BACKWARD = """
+import torch, conv2d_ext
+x = torch.randn(8, 64, 56, 56, device="cuda", requires_grad=True)
+w = torch.randn(64, 64, 3, 3, device="cuda", requires_grad=True)
+gy = torch.randn(8, 64, 56, 56, device="cuda")
+torch.empty(1 << 28, device="cuda")  # freed at once: later allocations come from the cache
+y = conv2d_ext.conv2d(x, w, None, 1, 1)
+gx, gw = torch.autograd.grad(y, [x, w], gy)
+torch.cuda.synchronize()
+print(float(gx.double().norm()), float(gw.double().norm()))
+"""
+
+
+def test_first_backward_in_a_fresh_process():
+    """The backward pass runs on autograd's worker thread. When the caching
+    allocator serves all of its memory, nothing there has bound a CUDA
+    context before the op's first driver call (the sm_90 kernels' tensor
+    maps), which must bind one itself rather than fail."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _FIRST_BACKWARD], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    norms = [float(v) for v in run.stdout.split()]
+    assert len(norms) == 2 and all(v > 0 and v == v for v in norms), run.stdout

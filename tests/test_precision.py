@@ -33,10 +33,12 @@ def test_follows_conv_fp32_precision():
 
 
 # Long reductions, where the accumulation (not the operand rounding) sets
-# the error: wgrad sums N*Ho*Wo products per element (73728 and 37888 here).
+# the error: wgrad sums N*Ho*Wo products per element (73728, 37888 and, on
+# a ResNet layer, 200704 here).
 LONG = {
     "3x3": (8, 16, 96, 96, 32, (3, 3), 1),
     "5x9": (4, 32, 64, 160, 64, (5, 9), 0),
+    "3x3_resnet": (64, 64, 56, 56, 64, (3, 3), 1),
 }
 
 

@@ -142,6 +142,15 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_byte_addr, uint32_t
          (uint64_t((stride >> 4) & 0x3fff) << 32);
 }
 
+// Descriptor of a K-major TF32 operand in the 128-byte swizzle (as a TMA
+// box of 32-float rows with CU_TENSOR_MAP_SWIZZLE_128B writes it): rows of
+// 128 bytes, 8-row atoms 1024 bytes apart and 1024-byte aligned, 16-byte
+// chunk c of row r stored at chunk c ^ (r % 8). A k8 step k of the atom
+// starts 32 * k bytes in; the leading offset is unused (1 by convention).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr) {
+  return wgmma_desc(smem_byte_addr, 16, 1024) | (uint64_t(1) << 62);
+}
+
 __device__ __forceinline__ uint64_t wgmma_desc_k8(uint32_t smem_byte_addr) {
   return wgmma_desc(smem_byte_addr, 128, 256);
 }

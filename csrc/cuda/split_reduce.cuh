@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -61,9 +62,10 @@ __global__ void __launch_bounds__(kThreads)
                          int splits) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    T sum = T(0);
+    using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
+    Acc sum = Acc(0);
     for (int s = 0; s < splits; ++s) sum += partial[s * numel + i];
-    out[i] = sum;
+    out[i] = static_cast<T>(sum);
   }
 }
 

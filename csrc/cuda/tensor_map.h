@@ -14,7 +14,7 @@ namespace cuda {
 // outside the tensor give zeros. Needs a 16-byte aligned base and rows of
 // a multiple of 16 bytes.
 CUtensorMap nchw_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_h, uint32_t box_c,
-                            uint32_t row_step);
+                            uint32_t row_step, bool swizzle_128b = false);
 
 }  // namespace cuda
 }  // namespace conv2d_ext

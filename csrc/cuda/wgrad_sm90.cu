@@ -11,21 +11,24 @@
 // tap, is loaded with 4-byte shared loads from a plain NCHW halo (a plane
 // pitch of 4 mod 8 floats puts the 8 channels x 4 positions of a load in 32
 // different banks) and rounded or split as loaded. B, grad_output, has no
-// shift: it is rearranged once per K tile into the K-major core-matrix
-// layout, rounded (or split into big and small halves) on the way.
+// shift: a TMA box of 32 positions x 64 channels lands as K-major 128-byte
+// rows in the 128-byte swizzle, which wgmma reads as it is; the threads
+// only round it (or split it into big and small halves) in place.
 //
 // A unit is 8 input channels at one tap; a warp's 16 rows are two units
 // (rows gq and gq + 8 of the m16 layout: the lane's channel at each unit's
 // tap), an m64 tile 8 units. A block holds `MT` tiles of consecutive units
-// ((channel group, tap) order), so its halo covers a few channel groups.
+// ((channel group, tap) order), so its halo covers a few channel groups, or
+// one where the layout keeps a block's units in one group.
 //
 // Per K tile (rows x 64 output columns of one image, rows of one dilation
-// phase): the halo box and grad_output arrive by TMA (grad_output by
-// cp.async where its rows are not 16-byte multiples); the halo is
-// double-buffered, grad_output is rearranged as soon as it lands and its
-// next tile's copy starts then. Each k8 step loads A for every tile, then
-// issues the tiles' wgmmas as one group; a step's group retires one step
-// later, so its A registers come in two sets.
+// phase): the halo box and B arrive by TMA (B by cp.async where grad_output's
+// rows are not 16-byte multiples), both double-buffered. The next K tile's B
+// is rounded or split under this one's wgmmas, two 16-byte pieces per thread
+// in each of a row's last four k8 steps (its copy, started when the tile
+// before ended, has had half a row to land). Each k8 step loads A for every
+// tile, then issues the tiles' wgmmas as one group; a step's group retires
+// one step later, so its A registers come in two sets.
 //
 // 3xTF32 (IEEE mode): small*big + big*small + big*big of each step go into a
 // per-tile temporary that is restarted every 4 steps and then added to the
@@ -65,20 +68,25 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
                       const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                       const float* __restrict__ go, float* __restrict__ partial,
                       const cfg::Layout L, int64_t tiles_per_split, bool go_by_tma) {
-  extern __shared__ __align__(128) float smem[];
-  __shared__ uint64_t halo_full[2], raw_full;
+  extern __shared__ __align__(128) float smem_base[];
+  __shared__ uint64_t halo_full[2], b_full[2];
   const int Ho = p.out_h, Wo = p.out_w, KW = p.kernel_w;
   const int taps = p.kernel_h * p.kernel_w;
   const int dh = p.dilation_h, dw = p.dilation_w;
   const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
   const int rows = L.rows, bc = L.halo_cols;
+  constexpr int kPerBlock = cfg::kUnitsPerTile * MT;
+  constexpr uint32_t kRowBytes = 4 * cfg::kRowFloats;
+  constexpr uint32_t kHalfBytes = kRowBytes / 2;  // one TMA box: 32 positions
 
-  // Shared memory: two halo boxes [box channels][halo rows][halo cols],
-  // grad_output as copied [64 channels][rows][64 columns], and its
-  // rearranged B (3xTF32: big, then small).
-  float* const halo0 = smem;
-  float* const raw = smem + 2 * L.halo_floats;
-  float* const bmat = raw + L.raw_floats;
+  // Shared memory: B's two buffers [rows][2 halves][64 channels][32
+  // positions] (3xTF32: big, then small), 1024-byte aligned for the
+  // swizzle; then two halo boxes [box channels][halo rows][halo cols].
+  float* const smem =
+      smem_base + ((cfg::kAlignSlack - (smem_addr(smem_base) & (cfg::kAlignSlack - 1))) &
+                   (cfg::kAlignSlack - 1)) / 4;
+  auto stage = [&](int s) { return smem + s * L.stage_floats; };
+  float* const halo0 = smem + 2 * L.stage_floats;
 
   int bx = blockIdx.x;
   const int unit_block = bx % L.unit_blocks;
@@ -86,25 +94,40 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   const int co_tile = bx % L.co_tiles;
   const int g = bx / L.co_tiles;
   const int co0 = co_tile * cfg::kCo;
-  const int u0 = unit_block * cfg::kUnitsPerTile * MT;
-  const int group_base = u0 / taps;  // the halo box's first channel group
   const int64_t kt_begin = blockIdx.y * tiles_per_split;
   const int64_t kt_end = std::min<int64_t>(L.k_tiles, kt_begin + tiles_per_split);
+
+  // Unit i of the block as (channel group, tap); false past the last unit.
+  // The halo box starts at the block's first channel group.
+  const int u0 = unit_block * kPerBlock;
+  const int block_group = L.group_blocks > 0 ? unit_block / L.group_blocks : 0;
+  const int tap0 = L.group_blocks > 0 ? (unit_block - block_group * L.group_blocks) * kPerBlock : 0;
+  auto unit_at = [&](int i, int& cg, int& tap) {
+    if (L.group_blocks > 0) {
+      cg = block_group;
+      tap = tap0 + i;
+      return tap < taps;
+    }
+    const int u = u0 + i;
+    cg = u / taps;
+    tap = u - cg * taps;
+    return u < L.units;
+  };
+  const int group_base = L.group_blocks > 0 ? block_group : u0 / taps;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane >> 2, tq = lane & 3;
 
   // Halo offset of this lane's A rows: channel gq of each of its two units
   // (per tile), at the unit's tap, plus its position tq. Units past the
-  // last read unit u0's (and are not stored).
+  // last read the block's first (and are not stored).
   int off[MT][2];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      int u = u0 + cfg::kUnitsPerTile * t + 2 * warp + h;
-      if (u >= L.units) u = u0;
-      const int cg = u / taps, tap = u - cg * taps;
+      int cg, tap;
+      if (!unit_at(cfg::kUnitsPerTile * t + 2 * warp + h, cg, tap)) unit_at(0, cg, tap);
       const int kh = tap / KW, kw = tap - kh * KW;
       off[t][h] = ((cg - group_base) * 8 + gq) * L.plane + kh * bc + kw * dw + tq;
     }
@@ -151,9 +174,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   };
 
   if (threadIdx.x == 0) {
-    mbarrier_init(&halo_full[0], 1);
-    mbarrier_init(&halo_full[1], 1);
-    mbarrier_init(&raw_full, 1);
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&halo_full[b], 1);
+      mbarrier_init(&b_full[b], 1);
+    }
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -168,63 +192,69 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     tma_load_4d(halo0 + buf * L.halo_floats, &x_map, iw0 & ~3, ih0,
                 g * cin_g + group_base * 8, t.n, &halo_full[buf]);
   };
-  // grad_output of tile t into `raw`: by TMA (thread 0), or by every
-  // thread's cp.async (zeros outside the output).
-  const int raw_bytes = static_cast<int>(4 * L.raw_floats);
-  auto start_raw = [&](const Tile& t) {
+  // This thread's 16-byte pieces of a B buffer: piece j (0 .. 8*rows - 1)
+  // is number j * 128 + tid, so that a warp's pieces are consecutive.
+  auto piece = [&](int s, int j) { return stage(s) + 4 * (j * cfg::kThreads + threadIdx.x); };
+  // grad_output of tile t into B buffer s: by TMA (thread 0; a box per
+  // output row and column half), or by cp.async, each thread copying the
+  // pieces it will round (zeros outside the output), so that it waits for
+  // its own copies only.
+  auto start_b = [&](const Tile& t, int s) {
     const int gco0 = g * cout_g + co0;
     if (go_by_tma) {
       if (threadIdx.x == 0) {
-        mbarrier_arrive_expect_tx(&raw_full, raw_bytes);
-        tma_load_4d(raw, &go_map, t.ow0, t.oh0, gco0, t.n, &raw_full);
+        mbarrier_arrive_expect_tx(&b_full[s], rows * kRowBytes);
+        for (int r = 0; r < rows; ++r)
+          for (int h = 0; h < 2; ++h)
+            tma_load_4d(stage(s) + r * cfg::kRowFloats + h * (cfg::kRowFloats / 2), &go_map,
+                        t.ow0 + 32 * h, t.oh0 + dh * r, gco0, t.n, &b_full[s]);
       }
       return;
     }
-    // Lines (channel, row) of 64 columns; a thread keeps its column.
-    const int c = threadIdx.x % cfg::kCols;
-    const bool col_ok = t.ow0 + c < Wo;
-    const float* src_n = go + plane_offset(t.n, p.out_channels, 0, Ho * Wo) + t.ow0 + c;
-    for (int line = threadIdx.x / cfg::kCols; line < cfg::kCo * rows;
-         line += cfg::kThreads / cfg::kCols) {
-      const int co = line / rows, r = line - co * rows;
+    const float* go_n = go + plane_offset(t.n, p.out_channels, 0, Ho * Wo);
+    for (int j = 0; j < 8 * rows; ++j) {
+      // Piece number q: row q / 1024, column half (q / 512) % 2, channel
+      // (q / 8) % 64, 16-byte chunk q % 8 of the swizzle, holding positions
+      // 4 * (chunk ^ channel % 8) .. + 3 of the half.
+      const int q = j * cfg::kThreads + threadIdx.x;
+      const int r = q >> 10, h = (q >> 9) & 1, co = (q >> 3) & 63;
+      const int ow = t.ow0 + 32 * h + 4 * ((q & 7) ^ (co & 7));
       const int oh = t.oh0 + dh * r;
-      const bool ok = col_ok && oh < Ho && gco0 + co < p.out_channels;
-      const float* src = ok ? src_n + int64_t(gco0 + co) * Ho * Wo + int64_t(oh) * Wo : go;
-      cp_async_4(raw + line * cfg::kCols + c, src, ok);
+      const bool line_ok = oh < Ho && gco0 + co < p.out_channels;
+      const float* src = go_n + (int64_t(gco0 + co) * Ho + oh) * Wo + ow;
+      float* dst = piece(s, j);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = line_ok && ow + e < Wo;
+        cp_async_4(dst + e, ok ? src + e : go, ok);
+      }
     }
     cp_async_commit();
   };
-  // raw -> B. A thread keeps position quad tq16 = tid % 16 of every row
-  // and channels c8 + 8j (c8 = tid / 16): no divisions, and the 8 lanes of
-  // a store phase take 8 consecutive quads of one channel (one 128-byte row
-  // of raw; 8 bank groups of B thanks to the half padding).
-  static_assert(cfg::kThreads == 8 * (cfg::kCols / 4) && cfg::kCo == 64,
-                "the rearrangement maps 128 threads onto 16 quads x 8 channels");
-  auto rearrange = [&] {
-    const int tq16 = threadIdx.x % 16, c8 = threadIdx.x / 16;
-#pragma unroll 1
-    for (int r = 0; r < rows; ++r) {
-      const int q = 16 * r + tq16;
-      const float* src = raw + (c8 * rows + r) * cfg::kCols + 4 * tq16;
-      float* dst = bmat + (q >> 1) * cfg::kStepFloats + (q & 1) * cfg::kHalfFloats + c8 * 4;
-#pragma unroll
-      for (int j = 0; j < cfg::kCo / 8; ++j) {
-        // Channel c8 + 8j: raw's line 8j*rows further, B's row group j.
-        const float4 v = *reinterpret_cast<const float4*>(src + 8 * j * rows * cfg::kCols);
-        float* d = dst + 32 * j;
-        if constexpr (kSplit) {
-          uint32_t big[4], small[4];
-          split3(v.x, big[0], small[0]);
-          split3(v.y, big[1], small[1]);
-          split3(v.z, big[2], small[2]);
-          split3(v.w, big[3], small[3]);
-          st_shared_16(d, big[0], big[1], big[2], big[3]);
-          st_shared_16(d + L.b_floats, small[0], small[1], small[2], small[3]);
-        } else {
-          st_shared_16(d, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
-                       tf32_operand(v.w));
-        }
-      }
+  // B of local tile i has landed (this thread's pieces, on the cp.async path).
+  auto wait_b = [&](int64_t i) {
+    if (go_by_tma) {
+      mbarrier_wait(&b_full[i & 1], static_cast<uint32_t>((i >> 1) & 1));
+    } else {
+      cp_async_wait<0>();
+    }
+  };
+  // Piece j of B buffer s rounded (TF32) or split (3xTF32: the small half
+  // kept at the same offset of the buffer's second half) in place.
+  auto convert = [&](int s, int j) {
+    float* big = piece(s, j);
+    const float4 v = *reinterpret_cast<const float4*>(big);
+    if constexpr (kSplit) {
+      uint32_t b[4], sm[4];
+      split3(v.x, b[0], sm[0]);
+      split3(v.y, b[1], sm[1]);
+      split3(v.z, b[2], sm[2]);
+      split3(v.w, b[3], sm[3]);
+      st_shared_16(big, b[0], b[1], b[2], b[3]);
+      st_shared_16(big + L.b_floats, sm[0], sm[1], sm[2], sm[3]);
+    } else {
+      st_shared_16(big, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
+                   tf32_operand(v.w));
     }
   };
 
@@ -233,28 +263,30 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   float tmp[kSplit ? MT : 1][8][4];
   (void)tmp;
 
-  const uint32_t b_addr = smem_addr(bmat);
   const uint32_t b_small_bytes = 4 * static_cast<uint32_t>(L.b_floats);
-  constexpr uint32_t kHalfBytes = 4 * cfg::kHalfFloats;
 
-  // One K tile: the rows inside the output, 8 k8 steps each. kMask: the
-  // tile crosses the right edge (`cols` valid columns).
-  auto compute = [&](const float* hb, int valid_rows, int cols, auto mask_tag) {
+  // One K tile from B buffer `s`: the rows inside the output, 8 k8 steps
+  // each, with the next tile's B (buffer s ^ 1) converted in each row's
+  // steps 4..7 (has_next: there is one; its copy is waited for first).
+  // kMask: the tile crosses the right edge (`cols` valid columns).
+  auto compute = [&](const float* hb, int s, int64_t i, bool has_next, int valid_rows, int cols,
+                     auto mask_tag) {
     constexpr bool kMask = decltype(mask_tag)::value;
+    const uint32_t b_addr = smem_addr(stage(s));
     uint32_t a_big[2][MT][4], a_small[kSplit ? 2 : 1][MT][4];
     (void)a_small;
 #pragma unroll 1
     for (int r = 0; r < valid_rows; ++r) {
       const float* hr = hb + r * bc;
 #pragma unroll
-      for (int s = 0; s < cfg::kCols / 8; ++s) {
-        const int set = s & 1;
-        const bool keep0 = !kMask || 8 * s + tq < cols;
-        const bool keep1 = !kMask || 8 * s + tq + 4 < cols;
+      for (int k = 0; k < cfg::kCols / 8; ++k) {
+        const int set = k & 1;
+        const bool keep0 = !kMask || 8 * k + tq < cols;
+        const bool keep1 = !kMask || 8 * k + tq + 4 < cols;
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
-          float v[4] = {hr[off[t][0] + 8 * s], hr[off[t][1] + 8 * s], hr[off[t][0] + 8 * s + 4],
-                        hr[off[t][1] + 8 * s + 4]};
+          float v[4] = {hr[off[t][0] + 8 * k], hr[off[t][1] + 8 * k], hr[off[t][0] + 8 * k + 4],
+                        hr[off[t][1] + 8 * k + 4]};
           if (kMask) {
             v[0] = keep0 ? v[0] : 0.f;
             v[1] = keep0 ? v[1] : 0.f;
@@ -270,20 +302,31 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
             }
           }
         }
-        const uint32_t step_addr = b_addr + 4 * cfg::kStepFloats * (r * (cfg::kCols / 8) + s);
-        const uint64_t big = wgmma_desc(step_addr, kHalfBytes, 128);
+        // Step k: 32 bytes into the 128-byte rows of column half k / 4.
+        const uint32_t step_addr = b_addr + r * kRowBytes + (k / 4) * kHalfBytes + (k % 4) * 32;
+        const uint64_t big = wgmma_desc_sw128(step_addr);
         wgmma_fence();
         if constexpr (kSplit) {
-          const uint64_t small = wgmma_desc(step_addr + b_small_bytes, kHalfBytes, 128);
+          const uint64_t small = wgmma_desc_sw128(step_addr + b_small_bytes);
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
             // Small products first, then big * big; restarted every 4 steps.
-            wgmma_m64n64k8_tf32(tmp[t], a_small[set][t], big, s % 4 != 0);
+            wgmma_m64n64k8_tf32(tmp[t], a_small[set][t], big, k % 4 != 0);
             wgmma_m64n64k8_tf32(tmp[t], a_big[set][t], small, true);
             wgmma_m64n64k8_tf32(tmp[t], a_big[set][t], big, true);
           }
-          wgmma_commit();
-          if (s % 4 == 3) {
+        } else {
+#pragma unroll
+          for (int t = 0; t < MT; ++t) wgmma_m64n64k8_tf32(acc[t], a_big[set][t], big, true);
+        }
+        wgmma_commit();
+        if (k >= 4) {
+          if (k == 4 && r == 0 && has_next) wait_b(i + 1);
+          convert(s ^ 1, 8 * r + 2 * (k - 4));
+          convert(s ^ 1, 8 * r + 2 * (k - 4) + 1);
+        }
+        if constexpr (kSplit) {
+          if (k % 4 == 3) {
             wgmma_wait<0>();
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
@@ -297,9 +340,6 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
             wgmma_wait<1>();
           }
         } else {
-#pragma unroll
-          for (int t = 0; t < MT; ++t) wgmma_m64n64k8_tf32(acc[t], a_big[set][t], big, true);
-          wgmma_commit();
           wgmma_wait<1>();
         }
       }
@@ -309,44 +349,51 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 #pragma unroll
       for (int t = 0; t < MT; ++t) wgmma_fence_operands(acc[t]);
     }
+    // Rows of the next tile past this one's valid rows (at the bottom edge).
+#pragma unroll 1
+    for (int r = valid_rows; r < rows; ++r)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) convert(s ^ 1, 8 * r + j);
   };
 
   Cursor cur = cursor_at(kt_begin);
   if (kt_begin < kt_end) {
+    const bool two = kt_begin + 1 < kt_end;
     if (threadIdx.x == 0) {
       start_halo(tile_of(cur), 0);
-      if (kt_begin + 1 < kt_end) start_halo(tile_of(next(cur)), 1);
+      if (two) start_halo(tile_of(next(cur)), 1);
     }
-    start_raw(tile_of(cur));
-  }
-  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
-    const int i = static_cast<int>(kt - kt_begin);
-    const int buf = i & 1;
-    if (go_by_tma) {
-      mbarrier_wait(&raw_full, static_cast<uint32_t>(i & 1));
-    } else {
-      cp_async_wait<0>();
-      __syncthreads();
-    }
-    rearrange();
+    start_b(tile_of(cur), 0);
+    if (two) start_b(tile_of(next(cur)), 1);
+    wait_b(0);
+#pragma unroll 1
+    for (int j = 0; j < 8 * rows; ++j) convert(0, j);
     fence_proxy_async_smem();  // wgmma reads what the threads stored
     __syncthreads();
-    if (kt + 1 < kt_end) start_raw(tile_of(next(cur)));  // raw is free again
-
+  }
+  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
+    const int64_t i = kt - kt_begin;
+    const int buf = static_cast<int>(i & 1);
     const Tile t = tile_of(cur);
     const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
     const float* hb = halo0 + buf * L.halo_floats + (iw0 & 3);
     int valid_rows = rows;  // oh0 + dh*r < Ho; a division only at the bottom
     if (t.oh0 + dh * (rows - 1) >= Ho) valid_rows = (Ho - t.oh0 + dh - 1) / dh;
     const int cols = Wo - t.ow0;
+    const bool has_next = kt + 1 < kt_end;
     mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
     if (cols >= cfg::kCols) {
-      compute(hb, valid_rows, cols, std::false_type{});
+      compute(hb, buf, i, has_next, valid_rows, cols, std::false_type{});
     } else {
-      compute(hb, valid_rows, cols, std::true_type{});
+      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{});
     }
-    __syncthreads();  // every lane is done with this halo and with B
-    if (threadIdx.x == 0 && kt + 2 < kt_end) start_halo(tile_of(next(next(cur))), buf);
+    fence_proxy_async_smem();  // the next tile's B, stored by the threads
+    __syncthreads();  // every lane is done with this halo and B buffer
+    if (kt + 2 < kt_end) {
+      const Tile t2 = tile_of(next(next(cur)));
+      if (threadIdx.x == 0) start_halo(t2, buf);
+      start_b(t2, buf);
+    }
     cur = next(cur);
   }
 
@@ -358,9 +405,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int u = u0 + cfg::kUnitsPerTile * t + 2 * warp + h;
-      if (u >= L.units) continue;
-      const int cg = u / taps, tap = u - cg * taps;
+      int cg, tap;
+      if (!unit_at(cfg::kUnitsPerTile * t + 2 * warp + h, cg, tap)) continue;
       const int ci = cg * 8 + gq;
       if (ci >= cin_g) continue;
 #pragma unroll
@@ -385,9 +431,12 @@ void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::
       !go_by_tma || reinterpret_cast<uintptr_t>(go.data_ptr()) % 16 == 0 ? go : go.clone();
   const uint32_t dh = static_cast<uint32_t>(p.dilation_h);
   const CUtensorMap x_map = nchw_tensor_map(xa, L.halo_cols, L.halo_rows * dh, L.box_channels, dh);
-  // Without TMA for grad_output, the map is never read: any valid one.
+  // B: one output row of 32 positions x 64 channels per box, in the
+  // 128-byte swizzle wgmma reads. Without TMA for grad_output, the map is
+  // never read: any valid one.
   const CUtensorMap go_map =
-      go_by_tma ? nchw_tensor_map(goa, cfg::kCols, L.rows * dh, cfg::kCo, dh) : x_map;
+      go_by_tma ? nchw_tensor_map(goa, cfg::kCols / 2, 1, cfg::kCo, 1, /*swizzle_128b=*/true)
+                : x_map;
 
   const int64_t tiles = p.groups * int64_t(L.co_tiles) * L.unit_blocks;
   TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(),
