@@ -441,7 +441,7 @@ inline Layout layout(const ConvParams& p, bool split) {
       // taken where they cost no more blocks (45 taps in blocks of 16: 3
       // per group either way).
       const int64_t per_group = (taps + per_block - 1) / per_block;
-      const bool in_group = groups8 * per_group <= blocks;
+      const bool in_group = groups8 * per_group == blocks;  // never fewer
       const int64_t cost = blocks * (2 * mt + 1);
       if (best_cost != 0 && cost >= best_cost) continue;
       const int64_t span =
@@ -458,7 +458,7 @@ inline Layout layout(const ConvParams& p, bool split) {
         if (bytes > smem_budget(per_sm)) continue;
         l.tiles = mt;
         l.blocks_per_sm = per_sm;
-        l.unit_blocks = static_cast<int>(in_group ? groups8 * per_group : blocks);
+        l.unit_blocks = static_cast<int>(blocks);
         l.group_blocks = in_group ? static_cast<int>(per_group) : 0;
         l.box_channels = static_cast<int>(8 * span);
         l.rows = rows;

@@ -5,6 +5,9 @@ and runs on whichever GPU its inputs are on.
 
 GPU only. CONV2D_EXT_TEST_STREAM=side (tests/conftest.py) runs the whole
 suite on a side stream as well."""
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -206,9 +209,6 @@ def test_first_backward_in_a_fresh_process():
     allocator serves all of its memory, nothing there has bound a CUDA
     context before the op's first driver call (the sm_90 kernels' tensor
     maps), which must bind one itself rather than fail."""
-    import subprocess
-    import sys
-
     run = subprocess.run([sys.executable, "-c", _FIRST_BACKWARD], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     tap = u - cg * taps;
     return u < L.units;
   };
-  const int group_base = L.group_blocks > 0 ? block_group : u0 / taps;
+  int group_base, first_tap;
+  unit_at(0, group_base, first_tap);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane >> 2, tq = lane & 3;
