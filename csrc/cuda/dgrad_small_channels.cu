@@ -67,6 +67,37 @@ __device__ __forceinline__ PhaseTaps phase_taps(int ph, int pad, int kernel, int
   return t;
 }
 
+// One kernel column of one grad_output channel, for phases whose taps along
+// the height read consecutive grad_output rows (unit dilation at any
+// stride, or dilation equal to the stride): tap q of the phase, counted
+// from the last, reads rows q .. q + kRows - 1 of the thread's column. So
+// the column's kRows + count - 1 rows are loaded once into registers and
+// every tap reads them there, instead of kRows shared loads (with their
+// address arithmetic) per tap. kMaxTaps bounds count at compile time;
+// `w_tap` points at tap q = 0's 4 weights and tap q's sit `w_step` floats
+// further.
+template <int kMaxTaps, int kCi>
+__device__ __forceinline__ void accumulate_column(const float* s, int pitch, int count,
+                                                  const float* w_tap, int w_step,
+                                                  float (&acc)[kRows][kCi]) {
+  float win[kRows + kMaxTaps - 1];
+#pragma unroll
+  for (int i = 0; i < kRows + kMaxTaps - 1; ++i) {
+    if (i < kRows + count - 1) win[i] = s[i * pitch];
+  }
+#pragma unroll
+  for (int q = 0; q < kMaxTaps; ++q) {
+    if (q < count) {
+      float wv[4];
+      load_tile(w_tap + q * w_step, wv);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int ci = 0; ci < kCi; ++ci) acc[r][ci] = fmaf(win[q + r], wv[ci], acc[r][ci]);
+    }
+  }
+}
+
 template <int KH_T, int KW_T, int kCi>
 __global__ void __launch_bounds__(sc::kThreads, 2)
     dgrad_small_channels_kernel(const ConvParams p, const float* __restrict__ grad_out,
@@ -133,6 +164,18 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         for (int c = 0; c < chunk; ++c) {
           const float* sgo = s_go + c * halo_rows * pitch + hc.lead;
           const float* swc = s_w + c * KH * KW * 4;
+          if (KH_T > 0 && th.off_step == 1) {
+            // Tap q = 0 is the phase's last kernel row; its window starts at row r0.
+            const int kh_last = th.first + (th.count - 1) * th.step;
+            for (int b = 0; b < tw.count; ++b) {
+              const int kw = tw.first + b * tw.step;
+              const int cc = tw.off_first - b * tw.off_step - off_w_min + col;
+              accumulate_column<(KH_T > 0 ? KH_T : 1), kCi>(
+                  sgo + r0 * pitch + cc, pitch, th.count, swc + (kh_last * KW + kw) * 4,
+                  -th.step * KW * 4, acc);
+            }
+            continue;
+          }
           for (int a = 0; a < th.count; ++a) {
             const int kh = th.first + a * th.step;
             // Row of tap kh for tile row 0: i0 + off(kh) - (i0 + off_h_min).
