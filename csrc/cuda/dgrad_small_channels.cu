@@ -161,6 +161,15 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         }
         cp_async_wait<0>();
         __syncthreads();
+        // Two levels of sums: each chunk's products (at most 4 channels x
+        // the phase's taps) into `part`, the chunks' sums into `acc`. One
+        // chain over every output channel and tap (784 products for an RGB
+        // stem) had 3x cuDNN's relative error (5.1e-7 against 1.6e-7).
+        float part[kRows][kCi];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int ci = 0; ci < kCi; ++ci) part[r][ci] = 0.f;
         for (int c = 0; c < chunk; ++c) {
           const float* sgo = s_go + c * halo_rows * pitch + hc.lead;
           const float* swc = s_w + c * KH * KW * 4;
@@ -172,7 +181,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
               const int cc = tw.off_first - b * tw.off_step - off_w_min + col;
               accumulate_column<(KH_T > 0 ? KH_T : 1), kCi>(
                   sgo + r0 * pitch + cc, pitch, th.count, swc + (kh_last * KW + kw) * 4,
-                  -th.step * KW * 4, acc);
+                  -th.step * KW * 4, part);
             }
             continue;
           }
@@ -190,11 +199,15 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
               for (int r = 0; r < kRows; ++r) {
                 const float v = s[r * pitch];
 #pragma unroll
-                for (int ci = 0; ci < kCi; ++ci) acc[r][ci] = fmaf(v, wv[ci], acc[r][ci]);
+                for (int ci = 0; ci < kCi; ++ci) part[r][ci] = fmaf(v, wv[ci], part[r][ci]);
               }
             }
           }
         }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int ci = 0; ci < kCi; ++ci) acc[r][ci] += part[r][ci];
       }
       if (j < cols_phase) {
         const int iw = pw + sw * j;
