@@ -1,6 +1,6 @@
 // Operator schemas. Kernels register per backend next to their code
-// (cpu/*.cpp, cuda/*.cu); fake tensors and autograd register in Python
-// (conv2d_ext/_ops.py).
+// (cpu/*.cpp, cuda/*.cu), autograd for every backend in autograd.cpp, fake
+// tensors in Python (conv2d_ext/_ops.py).
 #include <torch/library.h>
 
 #include <string>
