@@ -116,25 +116,24 @@ inline int pick_pixel_tile_w(int64_t row_width) {
   return 8;
 }
 
-// Raises a kernel's dynamic shared-memory limit when a launch needs more
-// than the default 48 KiB with its static shared memory.
+// Launch facts of a kernel on the current device, asked of the runtime once
+// per (kernel, device) and remembered (launch_cache.cu): the attribute and
+// occupancy queries took several microseconds of host time per call, as
+// much as the rest of a small layer's dispatch.
+//
+// Raises the kernel's dynamic shared-memory limit to `bytes` when the
+// launch needs more than the default 48 KiB with its static shared memory.
+void ensure_dynamic_smem(const void* kernel, size_t bytes);
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor for this launch shape.
+int max_blocks_per_sm(const void* kernel, int threads, size_t dynamic_smem);
+
 template <typename Kernel>
-void ensure_dynamic_smem(Kernel kernel, size_t bytes) {
-  // Without the opt-in, static and dynamic shared memory together may not
-  // pass 48 KB: a ring of exactly 48 KB next to a few static barriers
-  // failed to launch ("invalid argument").
-  constexpr size_t kDefaultLimit = 48 * 1024;
-  cudaFuncAttributes attr{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  if (bytes + attr.sharedSizeBytes <= kDefaultLimit) return;
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(bytes + attr.sharedSizeBytes <= prop->sharedMemPerBlockOptin,
-              "conv2d_ext: this kernel size needs ", bytes + attr.sharedSizeBytes,
-              " bytes of shared memory per block, more than the ",
-              prop->sharedMemPerBlockOptin, " this GPU allows");
-  C10_CUDA_CHECK(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(bytes)));
+void ensure_dynamic_smem(Kernel* kernel, size_t bytes) {
+  ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+}
+template <typename Kernel>
+int max_blocks_per_sm(Kernel* kernel, int threads, size_t dynamic_smem) {
+  return max_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, dynamic_smem);
 }
 
 }  // namespace cuda

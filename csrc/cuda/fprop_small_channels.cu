@@ -360,9 +360,7 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
     ensure_dynamic_smem(kernel, smem);
     int64_t blocks = 0;
     if (kCoGroups > 1 || tiles == 1) {  // one wave of resident blocks
-      int per_sm = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                   sc::kThreads, smem));
+      const int per_sm = max_blocks_per_sm(kernel, sc::kThreads, smem);
       blocks = std::min({items, int64_t(std::max(per_sm, 1)) * sms, kMaxBlocks});
     } else {
       // Narrow tiles of larger planes: every (tile, channel tile) pair,

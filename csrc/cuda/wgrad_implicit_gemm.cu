@@ -296,9 +296,7 @@ void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
   const int64_t tiles = p.groups * int64_t(L.co_tiles) * L.ci_chunks * L.tap_groups;
   TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(),
               "conv2d_ext: weight gradient too large");
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, kernel, cfg::kThreads, static_cast<size_t>(L.smem_bytes)));
+  const int per_sm = max_blocks_per_sm(kernel, cfg::kThreads, static_cast<size_t>(L.smem_bytes));
   const KSplit k = one_wave_k_split(tiles, L.k_tiles, per_sm);
   const int64_t splits = k.splits, tiles_per_split = k.tiles_per_split;
 
