@@ -161,22 +161,46 @@ struct WgradFunction : torch::autograd::Function<WgradFunction> {
   }
 };
 
+// Whether a call records a node: Function::apply builds one (and runs the
+// forward's saves) even when nothing needs a gradient.
+bool records_graph(const at::Tensor& a, const at::Tensor& b,
+                   const std::optional<at::Tensor>& c = std::nullopt) {
+  return at::GradMode::is_enabled() &&
+         (a.requires_grad() || b.requires_grad() ||
+          (c.has_value() && c->defined() && c->requires_grad()));
+}
+
 at::Tensor conv2d_autograd(const at::Tensor& input, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias, SymIntArrayRef stride,
                            SymIntArrayRef padding, SymIntArrayRef dilation, SymInt groups) {
-  return Conv2dFunction::apply(input, weight, bias, stride, padding, dilation, std::move(groups));
+  if (records_graph(input, weight, bias)) {
+    return Conv2dFunction::apply(input, weight, bias, stride, padding, dilation,
+                                 std::move(groups));
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  return fprop_op().call(input, weight, bias, stride, padding, dilation, std::move(groups));
 }
 at::Tensor dgrad_autograd(const at::Tensor& grad_output, const at::Tensor& weight,
                           SymIntArrayRef input_size, SymIntArrayRef stride, SymIntArrayRef padding,
                           SymIntArrayRef dilation, SymInt groups) {
-  return DgradFunction::apply(grad_output, weight, input_size, stride, padding, dilation,
-                              std::move(groups));
+  if (records_graph(grad_output, weight)) {
+    return DgradFunction::apply(grad_output, weight, input_size, stride, padding, dilation,
+                                std::move(groups));
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  return dgrad_op().call(grad_output, weight, input_size, stride, padding, dilation,
+                         std::move(groups));
 }
 at::Tensor wgrad_autograd(const at::Tensor& grad_output, const at::Tensor& input,
                           SymIntArrayRef weight_size, SymIntArrayRef stride,
                           SymIntArrayRef padding, SymIntArrayRef dilation, SymInt groups) {
-  return WgradFunction::apply(grad_output, input, weight_size, stride, padding, dilation,
-                              std::move(groups));
+  if (records_graph(grad_output, input)) {
+    return WgradFunction::apply(grad_output, input, weight_size, stride, padding, dilation,
+                                std::move(groups));
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  return wgrad_op().call(grad_output, input, weight_size, stride, padding, dilation,
+                         std::move(groups));
 }
 
 }  // namespace
