@@ -50,6 +50,11 @@ TORCH_LIBRARY(conv2d_ext, m) {
       "_flat_row_shifts(str pass_, Tensor input, Tensor weight, int[2] stride, "
       "int[2] padding, int[2] dilation, int groups) -> int",
       &conv2d_ext::flat_row_shifts);
+  // Accumulation segments of that layout's items (conv2d_ext::flat_segments).
+  m.def(
+      "_flat_segments(str pass_, Tensor input, Tensor weight, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups) -> int",
+      &conv2d_ext::flat_segments);
   // The precision mode ('tf32' or 'ieee') a float32 call would use now.
   m.def("_math_mode() -> str", [] {
     return std::string(

@@ -166,6 +166,23 @@ int64_t flat_row_shifts(const std::string& pass, const at::Tensor& input,
   return 0;
 }
 
+int64_t flat_segments(const std::string& pass, const at::Tensor& input,
+                      const at::Tensor& weight, c10::IntArrayRef stride,
+                      c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
+  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
+                                         padding, dilation, groups);
+  const bool split = math_mode(input.scalar_type()) == MathMode::kIEEE;
+  igemm_fprop_flat::Layout l{};
+  if (pass == "forward") {
+    l = igemm_fprop_flat::choose_layout(p, split);
+  } else if (pass == "backward_input" && dgrad_is_fprop(p)) {
+    l = igemm_fprop_flat::choose_layout(dgrad_as_fprop(p), split);
+  } else {
+    return 0;
+  }
+  return l.smem_bytes == INT64_MAX ? 0 : igemm_fprop_flat::segments(l);
+}
+
 bool built_with_sm90a() {
 #ifdef CONV2D_EXT_SM90A
   return true;

@@ -86,6 +86,12 @@ int64_t flat_row_shifts(const std::string& pass, const at::Tensor& input,
                         const at::Tensor& weight, c10::IntArrayRef stride,
                         c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups);
 
+// Tests only: accumulation segments of an item of that flat layout (1: one
+// chain; more for 3xTF32 over a long K), 0 where flat_row_shifts is 0.
+int64_t flat_segments(const std::string& pass, const at::Tensor& input,
+                      const at::Tensor& weight, c10::IntArrayRef stride,
+                      c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups);
+
 const char* to_string(Algo algo);
 const char* to_string(MathMode math);
 

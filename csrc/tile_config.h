@@ -148,6 +148,19 @@ constexpr int kTmaColumnSlack = 4;
 // 6/5 of the MMAs per output instead of 2x.
 constexpr int kMaxShifts = 2;
 
+// 3xTF32 over a long K (at least kLongK): the accumulators' FP32 chain of
+// temporaries (one add per 24 products) sets the error. On 5x9 dgrad (K =
+// 64 * 45) it measured 2.8e-7 against cuDNN strict's 1.9e-7. There the
+// kernel splits the halo and weights with big rounded to nearest and cuts
+// the chain into segments of about kSegmentK: each segment's accumulators
+// are added to the output in global memory (the block's own tile: the
+// same thread reads what it wrote) and restart at zero. A model of the
+// accumulation (exact k8 products, truncating tensor-core adds,
+// round-to-nearest FADDs) puts K = 2880 at 2.84e-7 as it was, 2.36e-7 with
+// big rounded, 1.6e-7 with both.
+constexpr int64_t kLongK = 2048;
+constexpr int64_t kSegmentK = 720;
+
 struct Layout {
   int log2_pitch;  // P = 1 << log2_pitch; positions / P position rows per block
   int shifts;  // S: output rows per position row (1, or 2 with row shifts)
@@ -160,6 +173,9 @@ struct Layout {
   int ksteps;  // k8 steps per chunk: a chunk is 8 * ksteps input channels
   int chunks, co_tiles;  // co_tiles of kCo / S output channels
   int rows_per_stage;  // kernel rows (of tap_rows) per weight stage: all, or one
+  // 3xTF32 over a long K: stages per accumulation segment, 0 for one
+  // segment (see kSegmentK).
+  int segment_stages;
   int64_t staging_bytes;  // one TMA box: 8 * ksteps channels x halo_rows x (P + 4) floats
   int64_t smem_bytes;  // INT64_MAX when nothing fits
 };
@@ -249,7 +265,17 @@ inline Layout choose_layout(const ConvParams& p, bool split) {
       }
     }
   }
+  if (split && best.smem_bytes != INT64_MAX && p.gemm_k() >= kLongK) {
+    const int64_t stage_k = int64_t(8) * best.ksteps * best.rows_per_stage * p.kernel_w;
+    best.segment_stages = static_cast<int>(std::max<int64_t>(1, kSegmentK / stage_k));
+  }
   return best;
+}
+
+// Accumulation segments of an item (1: one chain), for tests.
+inline int segments(const Layout& l) {
+  const int stages = l.chunks * (l.tap_rows / l.rows_per_stage);
+  return l.segment_stages > 0 ? (stages + l.segment_stages - 1) / l.segment_stages : 1;
 }
 
 inline bool fits(const ConvParams& p, bool split) {

@@ -48,6 +48,18 @@ ROW_SHIFTS = [
     (2, 16, 40, 36, 16, (2, 3), 1, (0, 1), (3, 1), 1, True),
 ]
 
+# The flat 3xTF32 kernel over a long K (>= 2048) cuts each item's chain of
+# accumulator additions into segments summed in the output: a forward with
+# bias, row shifts, b's dilations and an odd output width (8-byte and
+# 4-byte read-add-writes); a 3x3 forward over 256 channels with partial
+# tiles; a's dgrad shape (K = 64 * 45). The pass each case segments in IEEE
+# mode is checked below.
+LONG_K = [
+    ((1, 48, 14, 84, 24, (5, 9), 1, (2, 3), (2, 3), 1, True), "forward"),
+    ((1, 256, 9, 68, 40, (3, 3), 1, 1, 1, 1, True), "forward"),
+    ((2, 16, 13, 76, 64, (5, 9), 1, (2, 4), 1, 1, False), "backward_input"),
+]
+
 TENSOR_CORE = [
     (2, 8, 12, 40, 16, (5, 9), 1, 0, 1, 1, False),
     (1, 12, 19, 45, 20, (5, 9), 1, (2, 4), (2, 3), 1, True),
@@ -106,7 +118,7 @@ TENSOR_CORE = [
     # a 9-step stage (3x3) and a 5-step stage (5x5: three, then two).
     (1, 64, 9, 64, 16, (3, 3), 1, 1, 1, 1, True),
     (1, 24, 10, 64, 16, (5, 5), 1, 2, 1, 1, False),
-] + ROW_SHIFTS
+] + ROW_SHIFTS + [case for case, _ in LONG_K]
 
 
 def _random_case(rng):
@@ -245,6 +257,38 @@ def test_row_shift_cases_get_row_shifts(case, precision):
     for pass_ in ("forward", "backward_input"):
         shifts = torch.ops.conv2d_ext._flat_row_shifts(pass_, x, wt, *geometry)
         assert shifts == 2, f"{case} {pass_}: {shifts} row shifts"
+
+
+@pytest.mark.parametrize("case,pass_", LONG_K, ids=[f"long{i}" for i in range(len(LONG_K))])
+def test_long_k_cases_get_segments(case, pass_):
+    """The LONG_K cases test what they claim: in IEEE mode the flat layout of
+    their pass cuts an item's accumulation into several segments, and in
+    TF32 mode (no 3xTF32 temporaries) into one (a host decision)."""
+    n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
+    x = torch.empty(n, cin, h, w)
+    wt = torch.empty(cout, cin // groups, *k)
+    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    with tf32_mode(False):
+        segments = torch.ops.conv2d_ext._flat_segments(pass_, x, wt, *geometry)
+        assert segments > 1, f"{case} {pass_}: {segments} segments"
+    with tf32_mode(True):
+        assert torch.ops.conv2d_ext._flat_segments(pass_, x, wt, *geometry) == 1
+
+
+def test_segments_only_for_long_k():
+    """In IEEE mode a's forward (K = 32 * 45) keeps one segment and its dgrad
+    (K = 64 * 45) takes several; c's passes (K = 576 and 1152) keep one."""
+    ops = torch.ops.conv2d_ext
+    with tf32_mode(False):
+        geometry = ((1, 1), (0, 0), (1, 1), 1)
+        x, wt = torch.empty(8, 32, 512, 512), torch.empty(64, 32, 5, 9)
+        assert ops._flat_segments("forward", x, wt, *geometry) == 1
+        assert ops._flat_segments("backward_input", x, wt, *geometry) > 1
+        assert ops._flat_segments("backward_weight", x, wt, *geometry) == 0
+        geometry = ((1, 1), (1, 1), (1, 1), 1)
+        x, wt = torch.empty(8, 64, 512, 1024), torch.empty(128, 64, 3, 3)
+        assert ops._flat_segments("forward", x, wt, *geometry) == 1
+        assert ops._flat_segments("backward_input", x, wt, *geometry) == 1
 
 
 def test_row_shifts_only_for_narrow_tiles():

@@ -15,7 +15,11 @@
 // products into one of two alternating 32-register temporaries, with A
 // (the weights) from registers, split as loaded. The halo's big and small
 // parts take both halo buffers, so a chunk is split at its start instead
-// of under the previous chunk (two blocks per SM overlap that).
+// of under the previous chunk (two blocks per SM overlap that). Over a long
+// K (kLongK: at least cfg::kLongK, 5x9 dgrad of a and b) the FP32 chain of
+// temporaries in the accumulators sets the error: there big is rounded to
+// nearest and the chain is cut into segments whose sums are added up in
+// the output (tile_config.h).
 //
 // wgmma reads TF32 B only K-major, so the halo of a chunk of input channels
 // is stored channel-interleaved, [4-channel plane][pixel][4 channels], and
@@ -93,7 +97,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int KH_T, int KW_T, bool kSplit, int kGroup, int kShifts>
+template <int KH_T, int KW_T, bool kSplit, int kGroup, int kShifts, bool kLongK>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     fprop_flat_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
@@ -265,7 +269,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
             uint32_t big[8], small[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-              tf32_split(ok[e] ? v[u][e] : 0.f, big[e], small[e]);
+              tf32_split<kLongK>(ok[e] ? v[u][e] : 0.f, big[e], small[e]);
             }
             out[o] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]),
                                  __uint_as_float(big[2]), __uint_as_float(big[3]));
@@ -324,6 +328,82 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
 #pragma unroll
     for (int j = 0; j < kFrags; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
+    // Epilogue: row m of the tile is output channel co0 + m % (64 / S)
+    // (this lane holds rows m and m + 8) at row shift m / (64 / S); column o
+    // is position (o / P, o % P) of the flattened tile, output row
+    // S * (o / P) + shift. A lane's two accumulators of a row are neighbouring
+    // positions: stored as one 8-byte write where both are stored and
+    // aligned, so that the 4 lanes of a row fill a whole 32-byte sector.
+    // `prior`: segments before this one stored their sums there, this one
+    // adds to them (each element is read by the thread that wrote it);
+    // `last`: the bias goes in. The tile's epilogue is
+    // write_tile(false, true); a segment's end (kLongK) writes with last false.
+    auto write_tile = [&](bool prior, bool last) {
+      // The positions do not depend on the item; hidden behind an empty asm,
+      // they are not hoisted out of the item loop, where they would stay live
+      // (and spill) across the main loop.
+      int col0 = 2 * tig;
+      asm volatile("" : "+r"(col0));
+      const int g = it.gy / L.co_tiles;
+      constexpr int kCoPerTile = cfg::kCo / kShifts;  // a multiple of 16: warp-uniform shift
+      const int co0 = (it.gy % L.co_tiles) * kCoPerTile;
+      const int shift = warp * 16 / kCoPerTile;
+      const int co_lo = co0 + warp * 16 % kCoPerTile + grp, co_hi = co_lo + 8;
+      const bool lo_ok = co_lo < cout_g, hi_ok = co_hi < cout_g;
+      const float bias_lo = last && bias != nullptr && lo_ok ? bias[g * cout_g + co_lo] : 0.f;
+      const float bias_hi = last && bias != nullptr && hi_ok ? bias[g * cout_g + co_hi] : 0.f;
+      const int64_t lo_plane =
+          (int64_t(it.n) * p.out_channels + int64_t(g) * cout_g + co_lo) * Ho * Wo;
+      float* y_lo = y + lo_plane;
+      const int64_t hi_offset = int64_t(8) * Ho * Wo;
+      // Parity of the element offset of (row 0, column 0) in both planes
+      // (8 planes apart: same parity).
+      const int parity = static_cast<int>(lo_plane & 1);
+#pragma unroll
+      for (int j = 0; j < kFrags; ++j) {
+        const int o = j * 8 + col0;  // even; o + 1 in the same row
+        const int c = o & (pitch - 1);
+        const int oh = it.oh0 + dh * (kShifts * (o >> log2_pitch) + shift), ow = it.ow0 + c;
+        if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
+        float* dst = y_lo + oh * Wo + ow;
+        float v[4] = {acc[j][0], acc[j][1], acc[j][2], acc[j][3]};
+        const bool pair = c + 1 < L.out_cols && ow + 1 < Wo;
+        if (pair && ((parity + oh * Wo + ow) & 1) == 0) {
+          if (prior) {
+            if (lo_ok) {
+              const float2 y0 = *reinterpret_cast<const float2*>(dst);
+              v[0] += y0.x;
+              v[1] += y0.y;
+            }
+            if (hi_ok) {
+              const float2 y1 = *reinterpret_cast<const float2*>(dst + hi_offset);
+              v[2] += y1.x;
+              v[3] += y1.y;
+            }
+          }
+          if (lo_ok) *reinterpret_cast<float2*>(dst) = make_float2(v[0] + bias_lo, v[1] + bias_lo);
+          if (hi_ok) {
+            *reinterpret_cast<float2*>(dst + hi_offset) = make_float2(v[2] + bias_hi, v[3] + bias_hi);
+          }
+        } else {
+          if (prior) {
+            if (lo_ok) v[0] += dst[0];
+            if (hi_ok) v[2] += dst[hi_offset];
+            if (pair) {
+              if (lo_ok) v[1] += dst[1];
+              if (hi_ok) v[3] += dst[hi_offset + 1];
+            }
+          }
+          if (lo_ok) dst[0] = v[0] + bias_lo;
+          if (hi_ok) dst[hi_offset] = v[2] + bias_hi;
+          if (pair) {
+            if (lo_ok) dst[1] = v[1] + bias_lo;
+            if (hi_ok) dst[hi_offset + 1] = v[3] + bias_hi;
+          }
+        }
+      }
+    };
+    int segment_left = L.segment_stages;  // stages to the segment's end
     for (int s = 0; s < stages; ++s) {
       const int chunk = s / stages_per_chunk;
       const int within = s - chunk * stages_per_chunk;
@@ -387,10 +467,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         float tmp[2][8][4];
         auto load_a = [&](int t, uint32_t (&big)[4], uint32_t (&small)[4]) {
           const float* a_src = w_lane + t * step_floats;
-          tf32_split(a_src[0], big[0], small[0]);
-          tf32_split(a_src[32], big[1], small[1]);
-          tf32_split(a_src[256], big[2], small[2]);
-          tf32_split(a_src[288], big[3], small[3]);
+          tf32_split<kLongK>(a_src[0], big[0], small[0]);
+          tf32_split<kLongK>(a_src[32], big[1], small[1]);
+          tf32_split<kLongK>(a_src[256], big[2], small[2]);
+          tf32_split<kLongK>(a_src[288], big[3], small[3]);
         };
         auto add_quarter = [&](float (&d)[8][4], int quarter) {
           wgmma_fence_operands(d);
@@ -481,56 +561,19 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         const int s2 = position(s + 2, stages, ahead);
         start_weights(item_ahead(ahead), s2, q + 2);
       }
-    }
-
-    // Epilogue: row m of the tile is output channel co0 + m % (64 / S)
-    // (this lane holds rows m and m + 8) at row shift m / (64 / S); column o
-    // is position (o / P, o % P) of the flattened tile, output row
-    // S * (o / P) + shift. A lane's two accumulators of a row are neighbouring
-    // positions: stored as one 8-byte write where both are stored and
-    // aligned, so that the 4 lanes of a row fill a whole 32-byte sector.
-    // The positions do not depend on the item; hidden behind an empty asm,
-    // they are not hoisted out of the item loop, where they would stay live
-    // (and spill) across the main loop.
-    int col0 = 2 * tig;
-    asm volatile("" : "+r"(col0));
-    const int g = it.gy / L.co_tiles;
-    constexpr int kCoPerTile = cfg::kCo / kShifts;  // a multiple of 16: warp-uniform shift
-    const int co0 = (it.gy % L.co_tiles) * kCoPerTile;
-    const int shift = warp * 16 / kCoPerTile;
-    const int co_lo = co0 + warp * 16 % kCoPerTile + grp, co_hi = co_lo + 8;
-    const bool lo_ok = co_lo < cout_g, hi_ok = co_hi < cout_g;
-    const float bias_lo = bias != nullptr && lo_ok ? bias[g * cout_g + co_lo] : 0.f;
-    const float bias_hi = bias != nullptr && hi_ok ? bias[g * cout_g + co_hi] : 0.f;
-    const int64_t lo_plane =
-        (int64_t(it.n) * p.out_channels + int64_t(g) * cout_g + co_lo) * Ho * Wo;
-    float* y_lo = y + lo_plane;
-    const int64_t hi_offset = int64_t(8) * Ho * Wo;
-    // Parity of the element offset of (row 0, column 0) in both planes
-    // (8 planes apart: same parity).
-    const int parity = static_cast<int>(lo_plane & 1);
+      if constexpr (kLongK) {
+        // A segment ends: its sums go to the output, the chain restarts.
+        if (--segment_left == 0 && s + 1 < stages) {
+          write_tile(/*prior=*/s + 1 > L.segment_stages, /*last=*/false);
 #pragma unroll
-    for (int j = 0; j < kFrags; ++j) {
-      const int o = j * 8 + col0;  // even; o + 1 in the same row
-      const int c = o & (pitch - 1);
-      const int oh = it.oh0 + dh * (kShifts * (o >> log2_pitch) + shift), ow = it.ow0 + c;
-      if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
-      float* dst = y_lo + oh * Wo + ow;
-      const float* v = acc[j];
-      if (c + 1 < L.out_cols && ow + 1 < Wo && ((parity + oh * Wo + ow) & 1) == 0) {
-        if (lo_ok) *reinterpret_cast<float2*>(dst) = make_float2(v[0] + bias_lo, v[1] + bias_lo);
-        if (hi_ok) {
-          *reinterpret_cast<float2*>(dst + hi_offset) = make_float2(v[2] + bias_hi, v[3] + bias_hi);
-        }
-      } else {
-        if (lo_ok) dst[0] = v[0] + bias_lo;
-        if (hi_ok) dst[hi_offset] = v[2] + bias_hi;
-        if (c + 1 < L.out_cols && ow + 1 < Wo) {
-          if (lo_ok) dst[1] = v[1] + bias_lo;
-          if (hi_ok) dst[hi_offset + 1] = v[3] + bias_hi;
+          for (int j = 0; j < kFrags; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+          segment_left = L.segment_stages;
         }
       }
     }
+
+    // The tile's epilogue; with earlier segments, their sums are added.
+    write_tile(kLongK && L.segment_stages > 0 && stages > L.segment_stages, true);
   }
 }
 
@@ -587,11 +630,13 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
     auto launch_shifted = [&](auto shifts) {
       constexpr int S = decltype(shifts)::value;
       if (!split) {
-        launch(fprop_flat_kernel<KH, KW, false, 1, S>);
+        launch(fprop_flat_kernel<KH, KW, false, 1, S, false>);
+      } else if (L.segment_stages > 0) {  // K >= cfg::kLongK
+        launch(fprop_flat_kernel<KH, KW, true, 3, S, true>);
       } else if (p.gemm_k() >= 512) {
-        launch(fprop_flat_kernel<KH, KW, true, 3, S>);
+        launch(fprop_flat_kernel<KH, KW, true, 3, S, false>);
       } else {
-        launch(fprop_flat_kernel<KH, KW, true, 2, S>);
+        launch(fprop_flat_kernel<KH, KW, true, 2, S, false>);
       }
     };
     if constexpr (KH != 1) {
