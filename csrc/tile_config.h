@@ -152,14 +152,16 @@ constexpr int kMaxShifts = 2;
 // temporaries (one add per 24 products) sets the error. On 5x9 dgrad (K =
 // 64 * 45) it measured 2.8e-7 against cuDNN strict's 1.9e-7. There the
 // kernel splits the halo and weights with big rounded to nearest and cuts
-// the chain into segments of about kSegmentK: each segment's accumulators
-// are added to the output in global memory (the block's own tile: the
-// same thread reads what it wrote) and restart at zero. A model of the
-// accumulation (exact k8 products, truncating tensor-core adds,
-// round-to-nearest FADDs) puts K = 2880 at 2.84e-7 as it was, 2.36e-7 with
-// big rounded, 1.6e-7 with both.
+// each item's chain into segments of at most kSegmentK: a segment's
+// accumulators are added to the output in global memory (the block's own
+// tile: the thread that wrote an element reads it back) and restart at
+// zero. A model of the accumulation (exact k8 products, truncating
+// tensor-core adds, round-to-nearest FADDs) puts K = 2880 at 2.84e-7 as it
+// was, 2.33e-7 with big rounded, 1.77e-7 with three segments, 1.54e-7 with
+// five; five measured 1.53e-7, but each segment's read and write of the
+// tile cost a's dgrad about 0.2 ms (docs/perf-notes.md), so three.
 constexpr int64_t kLongK = 2048;
-constexpr int64_t kSegmentK = 720;
+constexpr int64_t kSegmentK = 1024;
 
 struct Layout {
   int log2_pitch;  // P = 1 << log2_pitch; positions / P position rows per block
@@ -266,8 +268,10 @@ inline Layout choose_layout(const ConvParams& p, bool split) {
     }
   }
   if (split && best.smem_bytes != INT64_MAX && p.gemm_k() >= kLongK) {
-    const int64_t stage_k = int64_t(8) * best.ksteps * best.rows_per_stage * p.kernel_w;
-    best.segment_stages = static_cast<int>(std::max<int64_t>(1, kSegmentK / stage_k));
+    // Segments of equal length in stages.
+    const int64_t stages = int64_t(best.chunks) * (best.tap_rows / best.rows_per_stage);
+    const int64_t segments = (p.gemm_k() + kSegmentK - 1) / kSegmentK;
+    best.segment_stages = static_cast<int>(std::max<int64_t>(1, (stages + segments - 1) / segments));
   }
   return best;
 }

@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (36 tests):
+# Default subset (40 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -25,7 +25,9 @@
 #   stage) and 43 (5x5: a 5-step stage), IEEE mode; the flat forward and
 #   dgrad with row shifts on cases 46 (4x5: an odd number of halo rows) and
 #   48 (two dilated kernel rows, partial tiles in three row phases), TF32
-#   and IEEE modes;
+#   and IEEE modes; the flat 3xTF32 kernel over a long K (accumulation
+#   segments summed in the output) on cases 52 (forward with bias, an odd
+#   output width) and 54 (5x9 dgrad), IEEE mode;
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
 #   blocks;
@@ -61,7 +63,7 @@ else
       tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[$mode-case$c]")
     done
   done
-  for c in 31 35 37 42 43; do
+  for c in 31 35 37 42 43 52 54; do
     tests+=("tests/test_correctness.py::test_cuda_float32_both_precisions[ieee-case$c]")
   done
   for mode in ieee tf32; do

@@ -359,61 +359,41 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       // Parity of the element offset of (row 0, column 0) in both planes
       // (8 planes apart: same parity).
       const int parity = static_cast<int>(lo_plane & 1);
-      // Fragment j's place: false where it is outside the tile; `pair`: its
-      // second position is stored too; `wide`: both as one 8-byte access.
-      auto place = [&](int j, float*& dst, bool& pair, bool& wide) {
+#pragma unroll
+      for (int j = 0; j < kFrags; ++j) {
         const int o = j * 8 + col0;  // even; o + 1 in the same row
         const int c = o & (pitch - 1);
         const int oh = it.oh0 + dh * (kShifts * (o >> log2_pitch) + shift), ow = it.ow0 + c;
-        if (oh >= Ho || c >= L.out_cols || ow >= Wo) return false;
-        dst = y_lo + oh * Wo + ow;
-        pair = c + 1 < L.out_cols && ow + 1 < Wo;
-        wide = pair && ((parity + oh * Wo + ow) & 1) == 0;
-        return true;
-      };
-      // The earlier segments' sums, all read before the first store: a
-      // store between them would keep the compiler from batching the loads
-      // (one L2 round trip per fragment).
-      if (prior) {
-#pragma unroll
-        for (int j = 0; j < kFrags; ++j) {
-          float* dst;
-          bool pair, wide;
-          if (!place(j, dst, pair, wide)) continue;
-          float* v = acc[j];
-          if (wide) {
+        if (oh >= Ho || c >= L.out_cols || ow >= Wo) continue;
+        float* dst = y_lo + oh * Wo + ow;
+        float v[4] = {acc[j][0], acc[j][1], acc[j][2], acc[j][3]};
+        const bool pair = c + 1 < L.out_cols && ow + 1 < Wo;
+        if (pair && ((parity + oh * Wo + ow) & 1) == 0) {
+          if (prior) {
             if (lo_ok) {
-              const float2 y0 = __ldcg(reinterpret_cast<const float2*>(dst));
+              const float2 y0 = *reinterpret_cast<const float2*>(dst);
               v[0] += y0.x;
               v[1] += y0.y;
             }
             if (hi_ok) {
-              const float2 y1 = __ldcg(reinterpret_cast<const float2*>(dst + hi_offset));
+              const float2 y1 = *reinterpret_cast<const float2*>(dst + hi_offset);
               v[2] += y1.x;
               v[3] += y1.y;
             }
-          } else {
-            if (lo_ok) v[0] += __ldcg(dst);
-            if (hi_ok) v[2] += __ldcg(dst + hi_offset);
-            if (pair) {
-              if (lo_ok) v[1] += __ldcg(dst + 1);
-              if (hi_ok) v[3] += __ldcg(dst + hi_offset + 1);
-            }
           }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kFrags; ++j) {
-        float* dst;
-        bool pair, wide;
-        if (!place(j, dst, pair, wide)) continue;
-        const float* v = acc[j];
-        if (wide) {
           if (lo_ok) *reinterpret_cast<float2*>(dst) = make_float2(v[0] + bias_lo, v[1] + bias_lo);
           if (hi_ok) {
             *reinterpret_cast<float2*>(dst + hi_offset) = make_float2(v[2] + bias_hi, v[3] + bias_hi);
           }
         } else {
+          if (prior) {
+            if (lo_ok) v[0] += dst[0];
+            if (hi_ok) v[2] += dst[hi_offset];
+            if (pair) {
+              if (lo_ok) v[1] += dst[1];
+              if (hi_ok) v[3] += dst[hi_offset + 1];
+            }
+          }
           if (lo_ok) dst[0] = v[0] + bias_lo;
           if (hi_ok) dst[hi_offset] = v[2] + bias_hi;
           if (pair) {
