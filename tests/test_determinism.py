@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import conv2d_ext  # noqa: F401
-from utils import DEVICES
+from utils import DEVICES, cuda_only
 
 ops = torch.ops.conv2d_ext
 # Large enough for the CUDA wgrad to split its reduction over many blocks.
@@ -30,6 +30,23 @@ def test_bitwise_reproducible(device, dtype, precision):
     for _ in range(2):
         for a, b in zip(first, _run_all(x, w, gy)):
             assert torch.equal(a, b)
+
+
+@cuda_only
+def test_long_k_segments_bitwise_reproducible(precision):
+    """The flat 3xTF32 kernel over a long K (IEEE mode) adds each segment's
+    sums to the output where it lies: still bitwise the same from run to
+    run. A forward over K = 48 * 45 with bias, and a dgrad over 64 * 45."""
+    x = torch.randn(4, 48, 40, 96, device="cuda")
+    w = torch.randn(64, 48, 5, 9, device="cuda")
+    b = torch.randn(64, device="cuda")
+    geometry = ([1, 1], [2, 4], [1, 1], 1)
+    gy = torch.randn(4, 64, 40, 96, device="cuda")
+    first = (ops.conv2d(x, w, b, *geometry), ops.conv2d_backward_input(gy, w, list(x.shape), *geometry))
+    for _ in range(2):
+        again = (ops.conv2d(x, w, b, *geometry), ops.conv2d_backward_input(gy, w, list(x.shape), *geometry))
+        for a, c in zip(first, again):
+            assert torch.equal(a, c)
 
 
 @pytest.mark.parametrize("device", DEVICES)
