@@ -15,11 +15,13 @@
 // products into one of two alternating 32-register temporaries, with A
 // (the weights) from registers, split as loaded. The halo's big and small
 // parts take both halo buffers, so a chunk is split at its start instead
-// of under the previous chunk (two blocks per SM overlap that). Over a long
-// K (kLongK: at least cfg::kLongK, 5x9 dgrad of a and b) the FP32 chain of
-// temporaries in the accumulators sets the error: there big is rounded to
-// nearest and the chain is cut into segments whose sums are added up in
-// the output (tile_config.h).
+// of under the previous chunk (two blocks per SM overlap that).
+// kRoundBig: big is rounded to nearest (otherwise truncated), where the
+// error would pass cuDNN's strict FP32 without it: over a short K, where
+// the products' rounding sets it (below 512: 1x1 dgrad), and over a long
+// K (at least cfg::kLongK: 5x9 dgrad of a and b), where the FP32 chain of
+// temporaries in the accumulators does and is also cut into segments whose
+// sums are added up in the output (tile_config.h).
 //
 // wgmma reads TF32 B only K-major, so the halo of a chunk of input channels
 // is stored channel-interleaved, [4-channel plane][pixel][4 channels], and
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int KH_T, int KW_T, bool kSplit, int kGroup, int kShifts, bool kLongK>
+template <int KH_T, int KW_T, bool kSplit, int kGroup, int kShifts, bool kRoundBig>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     fprop_flat_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
             uint32_t big[8], small[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-              tf32_split<kLongK>(ok[e] ? v[u][e] : 0.f, big[e], small[e]);
+              tf32_split<kRoundBig>(ok[e] ? v[u][e] : 0.f, big[e], small[e]);
             }
             out[o] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]),
                                  __uint_as_float(big[2]), __uint_as_float(big[3]));
@@ -337,7 +339,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     // `prior`: segments before this one stored their sums there, this one
     // adds to them (each element is read by the thread that wrote it);
     // `last`: the bias goes in. The tile's epilogue is
-    // write_tile(false, true); a segment's end (kLongK) writes with last false.
+    // write_tile(false, true); a segment's end writes with last false.
     auto write_tile = [&](bool prior, bool last) {
       // The positions do not depend on the item; hidden behind an empty asm,
       // they are not hoisted out of the item loop, where they would stay live
@@ -467,10 +469,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         float tmp[2][8][4];
         auto load_a = [&](int t, uint32_t (&big)[4], uint32_t (&small)[4]) {
           const float* a_src = w_lane + t * step_floats;
-          tf32_split<kLongK>(a_src[0], big[0], small[0]);
-          tf32_split<kLongK>(a_src[32], big[1], small[1]);
-          tf32_split<kLongK>(a_src[256], big[2], small[2]);
-          tf32_split<kLongK>(a_src[288], big[3], small[3]);
+          tf32_split<kRoundBig>(a_src[0], big[0], small[0]);
+          tf32_split<kRoundBig>(a_src[32], big[1], small[1]);
+          tf32_split<kRoundBig>(a_src[256], big[2], small[2]);
+          tf32_split<kRoundBig>(a_src[288], big[3], small[3]);
         };
         auto add_quarter = [&](float (&d)[8][4], int quarter) {
           wgmma_fence_operands(d);
@@ -561,9 +563,9 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         const int s2 = position(s + 2, stages, ahead);
         start_weights(item_ahead(ahead), s2, q + 2);
       }
-      if constexpr (kLongK) {
+      if constexpr (kRoundBig) {
         // A segment ends: its sums go to the output, the chain restarts.
-        if (--segment_left == 0 && s + 1 < stages) {
+        if (L.segment_stages > 0 && --segment_left == 0 && s + 1 < stages) {
           write_tile(/*prior=*/s + 1 > L.segment_stages, /*last=*/false);
 #pragma unroll
           for (int j = 0; j < kFrags; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -573,7 +575,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     }
 
     // The tile's epilogue; with earlier segments, their sums are added.
-    write_tile(kLongK && L.segment_stages > 0 && stages > L.segment_stages, true);
+    write_tile(kRoundBig && L.segment_stages > 0 && stages > L.segment_stages, true);
   }
 }
 
@@ -626,7 +628,10 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
     // 2.48e-7 at three; K = 576 equal), the products inside one a short K
     // (K = 144: 2.01e-7 at two, 2.10e-7 at three, against cuDNN strict's
     // 2.14e-7). Three also run a 9-step stage (5x9, 3x3) as three groups
-    // instead of five: 6% faster on a, b and c.
+    // instead of five: 6% faster on a, b and c. Big parts rounded where
+    // truncated ones would leave more error than cuDNN's strict FP32 (see
+    // kRoundBig): K below 512 (the model puts K = 64 at 1.13e-7 rounded,
+    // 1.95e-7 truncated, cuDNN's 1x1 dgrad 1.45e-7) and K from kLongK on.
     auto launch_shifted = [&](auto shifts) {
       constexpr int S = decltype(shifts)::value;
       if (!split) {
@@ -636,7 +641,7 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
       } else if (p.gemm_k() >= 512) {
         launch(fprop_flat_kernel<KH, KW, true, 3, S, false>);
       } else {
-        launch(fprop_flat_kernel<KH, KW, true, 2, S, false>);
+        launch(fprop_flat_kernel<KH, KW, true, 2, S, true>);
       }
     };
     if constexpr (KH != 1) {

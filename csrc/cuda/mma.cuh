@@ -33,12 +33,13 @@ __device__ __forceinline__ uint32_t tf32_operand(float x) {
 // small then leaves 2^-21 of x) and misses a small*small of up to 2^-20 of
 // the product, with its sign; a rounded big leaves 2^-11 (2^-22) and up
 // to 2^-22 of either sign, for one addition more. wgrad, whose long
-// reductions need the margin against cuDNN's FP32, rounds. The forward
-// (and dgrad through it) truncates where K is short of 2048: rounding
-// there measured 2.5-4% slower on a, b and c (H100, IEEE mode) for errors
-// of 1.4-2.3e-7 instead of 2.1-2.8e-7, all below cuDNN's. Over a longer K
-// it rounds, and cuts its accumulation into segments (tile_config.h,
-// kLongK): 5x9 dgrad needs both to get below cuDNN's 1.9e-7.
+// reductions need the margin against cuDNN's FP32, rounds. The flat
+// forward (and dgrad through it) truncates for K from 512 to 2047:
+// rounding there measured 2.5-4% slower on a, b and c (H100, IEEE mode)
+// for errors of 1.4-2.3e-7 instead of 2.1-2.8e-7, all below cuDNN's. It
+// rounds where truncation would not be: K below 512 (1x1 dgrad: 1.9e-7
+// against cuDNN's 1.45e-7) and K from 2048 on, where it also cuts its
+// accumulation into segments (tile_config.h, kLongK; 5x9 dgrad).
 // !kRoundSmall leaves small for the tensor cores to truncate: up to 2^-21
 // of x after a rounded big, of either sign (small's), two instructions
 // fewer. The sm_90 wgrad takes that: 4% faster on a, b and c (H100, IEEE)
