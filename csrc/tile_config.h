@@ -688,6 +688,7 @@ constexpr int kWgradWideRows = 2;
 constexpr int kWgradWidePixels = kWgradWideRows * kTileCols;
 constexpr int kWgradWideCo = 64;
 constexpr int kWgradGoPitch = kWgradWideCo + 4;
+constexpr int kWgradSumPitch = 64 + 4;  // a thread's 8 x 8 sums, padded
 inline Halo wgrad_halo(const ConvParams& p) {
   return halo(narrow(p) ? kNarrowRows * kSlots : kWgradWideRows, kTileCols, p.kernel_h,
               p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w);
@@ -700,8 +701,10 @@ inline int64_t wgrad_smem_bytes(const ConvParams& p) {
            (aligned_floats(halo_floats) +
             p.out_channels_per_group() * kNarrowRows * kSlots * kTileCols);
   }
+  // Wide: plus each worker's sums of its tiles (at most one per thread).
   return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch +
-              p.in_channels_per_group() * wgrad_halo(p).floats);
+              p.in_channels_per_group() * wgrad_halo(p).floats +
+              int64_t(kThreads) * kWgradSumPitch);
 }
 // Up to the GPU's per-block limit: the narrow ring at stride 2 needs more
 // than the other passes' bound (one block per SM then). The limit counts
