@@ -667,12 +667,21 @@ inline bool fprop_fits(const ConvParams& p) {
 // dgrad (any stride): one stride phase of the input per block, a tile of
 // 32 x 64 of that phase's pixels; its grad_output halo spans the offsets
 // of the taps that reach the phase (at most (K-1)*dilation/stride + 1).
+// The specialised dgrad kernels stage at this pitch (a compile-time one:
+// their window loads are then a base register plus immediates); it holds
+// grad_output reaches of up to 11 columns. Wider ones run the generic kernel.
+constexpr int kDgradPitch = 80;
 inline Halo dgrad_halo(const ConvParams& p) {
   auto span = [](int64_t kernel, int64_t stride, int64_t dil) {
     return ((kernel - 1) * dil + stride - 1) / stride + 1;
   };
-  return halo(kNarrowRows * kSlots, kTileCols, span(p.kernel_h, p.stride_h, p.dilation_h),
-              span(p.kernel_w, p.stride_w, p.dilation_w), 1, 1, 1, 1);
+  Halo h = halo(kNarrowRows * kSlots, kTileCols, span(p.kernel_h, p.stride_h, p.dilation_h),
+                span(p.kernel_w, p.stride_w, p.dilation_w), 1, 1, 1, 1);
+  if (h.pitch < kDgradPitch && h.floats < INT64_MAX / 8) {
+    h.pitch = kDgradPitch;
+    h.floats = int64_t(h.rows) * h.pitch;
+  }
+  return h;
 }
 inline int64_t dgrad_smem_bytes(const ConvParams& p) {
   return 4 * kDgradCoChunk * (dgrad_halo(p).floats + p.kernel_h * p.kernel_w * kMaxChannels);

@@ -71,30 +71,38 @@ __device__ __forceinline__ PhaseTaps phase_taps(int ph, int pad, int kernel, int
 // the height read consecutive grad_output rows (unit dilation at any
 // stride, or dilation equal to the stride): tap q of the phase, counted
 // from the last, reads rows q .. q + kRows - 1 of the thread's column. So
-// the column's kRows + count - 1 rows are loaded once into registers and
-// every tap reads them there, instead of kRows shared loads (with their
-// address arithmetic) per tap. kMaxTaps bounds count at compile time;
-// `w_tap` points at tap q = 0's 4 weights and tap q's sit `w_step` floats
-// further.
-template <int kMaxTaps, int kCi>
-__device__ __forceinline__ void accumulate_column(const float* s, int pitch, int count,
-                                                  const float* w_tap, int w_step,
+// the column's kRows + kCount - 1 rows are loaded once into registers and
+// every tap reads them there. The tap count and the pitch are compile-time
+// so that the loads are one base register plus immediates, unpredicated,
+// and no tap is branched around (the run-time count cost about 40% more
+// instructions per column: address arithmetic and predicates). `w` holds
+// the column's taps' weights, tap q's 4 at w + 4q.
+template <int kCount, int kCi, int kPitch>
+__device__ __forceinline__ void accumulate_column(const float* s, const float* w,
                                                   float (&acc)[kRows][kCi]) {
-  float win[kRows + kMaxTaps - 1];
+  float win[kRows + kCount - 1];
 #pragma unroll
-  for (int i = 0; i < kRows + kMaxTaps - 1; ++i) {
-    if (i < kRows + count - 1) win[i] = s[i * pitch];
+  for (int i = 0; i < kRows + kCount - 1; ++i) win[i] = s[i * kPitch];
+#pragma unroll
+  for (int q = 0; q < kCount; ++q) {
+    float wv[4];
+    load_tile(w + 4 * q, wv);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int ci = 0; ci < kCi; ++ci) acc[r][ci] = fmaf(win[q + r], wv[ci], acc[r][ci]);
   }
-#pragma unroll
-  for (int q = 0; q < kMaxTaps; ++q) {
-    if (q < count) {
-      float wv[4];
-      load_tile(w_tap + q * w_step, wv);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int ci = 0; ci < kCi; ++ci) acc[r][ci] = fmaf(win[q + r], wv[ci], acc[r][ci]);
+}
+
+// fn(Int<count>{}) for count in 1 .. kMax.
+template <int kMax, typename Fn>
+__device__ __forceinline__ void with_count(int count, Fn&& fn) {
+  if constexpr (kMax > 0) {
+    if (count == kMax) {
+      fn(Int<kMax>{});
+      return;
     }
+    with_count<kMax - 1>(count, fn);
   }
 }
 
@@ -102,10 +110,14 @@ template <int KH_T, int KW_T, int kCi>
 __global__ void __launch_bounds__(sc::kThreads, 2)
     dgrad_small_channels_kernel(const ConvParams p, const float* __restrict__ grad_out,
                                 const float* __restrict__ w, float* __restrict__ grad_in,
-                                bool vec, int halo_rows, int pitch, int tiles_w) {
+                                bool vec, int halo_rows, int pitch_arg, int tiles_w) {
+  // Specialised sizes stage at a fixed pitch (the launch checks it fits).
+  constexpr int kPitch = KH_T > 0 ? sc::kDgradPitch : 0;
+  const int pitch = static_or<kPitch>(pitch_arg);
   extern __shared__ float4 smem4[];
   float* s_go = reinterpret_cast<float*>(smem4);  // [kChunk][halo_rows][pitch]
-  float* s_w = s_go + kChunk * halo_rows * pitch;   // [kChunk][kh][kw][4 ci]
+  // [kChunk][kh][kw][4 ci]; window phases: [kChunk][kw tap b][kh tap q][4 ci]
+  float* s_w = s_go + kChunk * halo_rows * pitch;
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
@@ -137,6 +149,9 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int r0 = (threadIdx.x / sc::kTileCols) * kRows;
   const int j = j0 + col;
   const bool any_tap = th.count > 0 && tw.count > 0;
+  const bool window = KH_T > 0 && th.off_step == 1;
+  const int kh_last = th.first + (th.count - 1) * th.step;
+  const int taps_phase = th.count * tw.count;
 
   for (int g = blockIdx.y; g < p.groups; g += gridDim.y) {
     for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
@@ -153,11 +168,21 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
             s_go, grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo), chunk,
             Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch, halo_rows * pitch, vec);
         cp_async_commit();
-        for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += sc::kThreads) {
-          const int ci = e % 4;
-          const int tap = (e / 4) % (KH * KW);
-          const int co = co0 + e / (4 * KH * KW);
-          s_w[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, tap / KW, tap % KW);
+        if (window) {  // the phase's taps only, in the order the columns read them
+          for (int e = threadIdx.x; e < kChunk * taps_phase * 4; e += sc::kThreads) {
+            const int ci = e % 4, tap = (e / 4) % taps_phase;
+            const int co = co0 + e / (4 * taps_phase);
+            const int b = tap / th.count, q = tap - b * th.count;
+            s_w[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, kh_last - q * th.step,
+                                    tw.first + b * tw.step);
+          }
+        } else {
+          for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += sc::kThreads) {
+            const int ci = e % 4;
+            const int tap = (e / 4) % (KH * KW);
+            const int co = co0 + e / (4 * KH * KW);
+            s_w[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, tap / KW, tap % KW);
+          }
         }
         cp_async_wait<0>();
         __syncthreads();
@@ -170,21 +195,25 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         for (int r = 0; r < kRows; ++r)
 #pragma unroll
           for (int ci = 0; ci < kCi; ++ci) part[r][ci] = 0.f;
-        for (int c = 0; c < chunk; ++c) {
+        if constexpr (KH_T > 0) {
+          if (window) {
+            with_count<KH_T>(th.count, [&](auto count_tag) {
+              constexpr int kCount = decltype(count_tag)::value;
+              for (int c = 0; c < chunk; ++c) {
+                // Tap q = 0 is the phase's last kernel row; its window starts at row r0.
+                const float* sgo = s_go + c * halo_rows * kPitch + hc.lead + r0 * kPitch + col +
+                                   (tw.off_first - off_w_min);
+                const float* swc = s_w + c * taps_phase * 4;
+                for (int b = 0; b < tw.count; ++b)
+                  accumulate_column<kCount, kCi, kPitch>(sgo - b * tw.off_step,
+                                                         swc + b * kCount * 4, part);
+              }
+            });
+          }
+        }
+        for (int c = 0; !window && c < chunk; ++c) {
           const float* sgo = s_go + c * halo_rows * pitch + hc.lead;
           const float* swc = s_w + c * KH * KW * 4;
-          if (KH_T > 0 && th.off_step == 1) {
-            // Tap q = 0 is the phase's last kernel row; its window starts at row r0.
-            const int kh_last = th.first + (th.count - 1) * th.step;
-            for (int b = 0; b < tw.count; ++b) {
-              const int kw = tw.first + b * tw.step;
-              const int cc = tw.off_first - b * tw.off_step - off_w_min + col;
-              accumulate_column<(KH_T > 0 ? KH_T : 1), kCi>(
-                  sgo + r0 * pitch + cc, pitch, th.count, swc + (kh_last * KW + kw) * 4,
-                  -th.step * KW * 4, part);
-            }
-            continue;
-          }
           for (int a = 0; a < th.count; ++a) {
             const int kh = th.first + a * th.step;
             // Row of tap kh for tile row 0: i0 + off(kh) - (i0 + off_h_min).
@@ -229,6 +258,10 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 template <int KH, int KW, int kCi>
 void launch(const ConvParams& p, const float* go, const float* w, float* gi, bool vec) {
   const sc::Halo h = sc::dgrad_halo(p);
+  if constexpr (KH > 0) {
+    // Strides and dilations whose halo is wider than the fixed pitch.
+    if (h.pitch != sc::kDgradPitch) return launch<0, 0, kCi>(p, go, w, gi, vec);
+  }
   const size_t smem = static_cast<size_t>(sc::dgrad_smem_bytes(p));
   const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), sc::kTileCols);
   const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), kTileRows) * tiles_w;
