@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (40 tests):
+# Default subset (42 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -40,7 +40,9 @@
 #   stem, 7x7, stride 2) and 17 (rows of 68 floats: TMA); the narrow tile
 #   with 4 output channels per group on case 24; wide tiles striding over
 #   more work items than a wave of blocks on case 27; tall depthwise tiles
-#   on cases 28 (one wave over whole planes) and 29 (rows of 45 floats).
+#   on cases 28 (one wave over whole planes) and 29 (rows of 45 floats);
+#   the strided dgrad staged by TMA with prearranged phase weights on cases
+#   31 (7x7, two groups, a partial last chunk) and 33 (dilation = stride).
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -69,7 +71,7 @@ else
   for mode in ieee tf32; do
     tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
   done
-  for c in 0 1 3 7 13 17 24 27 28 29; do
+  for c in 0 1 3 7 13 17 24 27 28 29 31 33; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
   done
 fi

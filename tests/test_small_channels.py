@@ -57,6 +57,14 @@ CASES = [
     # with its halo; rows of 45 floats stage without the tensor-copy engine.
     (12, 40, 56, 60, 40, (5, 5), 1, 2, 1, 40, True),
     (1, 3, 112, 45, 3, (3, 3), 1, 1, 1, 3, True),
+    # Strided dgrad with grad_output rows of a multiple of 4 floats, which
+    # Hopper stages with the tensor-copy engine (4 channels a box): 7x7 on
+    # two groups of 3 -> 5 (a group's last chunk of 1 channel, the box's
+    # other 3 from the next group), depthwise with multiplier 2, and
+    # dilation equal to the stride (the window's other case).
+    (2, 6, 40, 64, 10, (7, 7), 2, 3, 1, 2, True),
+    (1, 4, 30, 64, 8, (3, 3), 2, 1, 1, 4, False),
+    (1, 3, 24, 64, 6, (3, 3), 2, 2, 2, 1, True),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.
@@ -255,3 +263,24 @@ def test_depthwise_noncontiguous(device, layout, precision):
                                    f"{(a - e).abs().max().item():.3g}")
     precisions = _precisions(x, wt, *geometry)
     _check(got, x, wt, b, gy, *geometry, precisions, f"depthwise {layout}")
+
+
+@cuda_only
+def test_dgrad_never_reads_the_next_groups_channels(precision):
+    """The strided dgrad stages grad_output 4 channels at a time; past a
+    group's last channel the staged box holds the next group's. Inf there
+    would turn any zero-weight product into NaN in this group's gradient."""
+    n, cin, cout, groups = 2, 6, 10, 2
+    x = torch.randn(n, cin, 40, 64, device="cuda")
+    wt = torch.randn(cout, cin // groups, 7, 7, device="cuda")
+    gy = torch.randn(n, cout, 20, 32, device="cuda")
+    gy[:, cout // groups:] = float("inf")  # group 1
+    gi = ops.conv2d_backward_input(gy, wt, list(x.shape), [2, 2], [3, 3], [1, 1], groups)
+    ref = torch.nn.grad.conv2d_input((n, cin // groups, 40, 64), gy[:, : cout // groups].double(),
+                                     wt[: cout // groups].double(), 2, 3, 1, 1)
+    first = gi[:, : cin // groups]
+    assert torch.isfinite(first).all()
+    k_dgrad = (cout // groups) * 7 * 7  # at most: the phases see a quarter of the taps
+    err = rel_err(first, ref, reduction_len=k_dgrad)
+    bound = tolerance(torch.float32, "ieee", k_dgrad)  # FFMA in both modes
+    assert err < bound, f"group 0's grad_input relative error {err:.3g} > {bound:.3g}"

@@ -13,14 +13,20 @@
 // A block owns a 32 x 64 tile of one phase of one image and group, all the
 // group's input channels (at most 4) as accumulators: each thread a column
 // of 8 rows. It stages grad_output tiles of 4 channels at a time with
-// their halo (16-byte copies where rows are aligned) and the matching
-// weights, so every grad_input element is written once.
+// their halo and the matching weights, so every grad_input element is
+// written once. On Hopper one thread starts both copies (a tensor-map box
+// for the halo, a bulk copy of the weights, prearranged per phase by a
+// small kernel): staging them with per-thread copies and index arithmetic
+// was a third of the stem's instructions. Elsewhere 16-byte copies where
+// rows are aligned.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
+#include "../plan.h"
 #include "kernel_sizes.cuh"
 #include "small_channels.cuh"
 #include "small_channels.h"
+#include "tensor_map.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -106,15 +112,43 @@ __device__ __forceinline__ void with_count(int count, Fn&& fn) {
   }
 }
 
+// Window phases' weights, prearranged once per call: [group][phase][co
+// (padded to whole chunks)][kw tap b][kh tap q][4 ci], zeros past the
+// channels, so that a chunk's weights are one contiguous copy. A (group,
+// phase) block is `phase_floats` long; one thread per float of the
+// largest phase.
+__global__ void arrange_phase_weights(const ConvParams p, const float* __restrict__ w,
+                                      float* __restrict__ out, int co_pad, int phase_floats) {
+  const int sh = p.stride_h, sw = p.stride_w;
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= phase_floats) return;
+  const int phase = blockIdx.y, g = blockIdx.z;
+  const PhaseTaps th = phase_taps(phase / sw, p.pad_h, p.kernel_h, sh, p.dilation_h);
+  const PhaseTaps tw = phase_taps(phase % sw, p.pad_w, p.kernel_w, sw, p.dilation_w);
+  const int taps_phase = th.count * tw.count;
+  if (e >= co_pad * taps_phase * 4) return;
+  const int ci = e % 4, tap = (e / 4) % taps_phase, co = e / (4 * taps_phase);
+  const int b = tap / th.count, q = tap - b * th.count;
+  const int kh_last = th.first + (th.count - 1) * th.step;
+  out[(int64_t(g) * sh * sw + phase) * phase_floats + e] =
+      weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, kh_last - q * th.step,
+                     tw.first + b * tw.step);
+}
+
 template <int KH_T, int KW_T, int kCi>
 __global__ void __launch_bounds__(sc::kThreads, 2)
-    dgrad_small_channels_kernel(const ConvParams p, const float* __restrict__ grad_out,
-                                const float* __restrict__ w, float* __restrict__ grad_in,
-                                bool vec, int halo_rows, int pitch_arg, int tiles_w) {
+    dgrad_small_channels_kernel(const __grid_constant__ CUtensorMap go_map, const ConvParams p,
+                                const float* __restrict__ grad_out,
+                                const float* __restrict__ w,
+                                const float* __restrict__ w_phase, int phase_floats,
+                                float* __restrict__ grad_in, bool vec, bool tma, int halo_rows,
+                                int pitch_arg, int tiles_w) {
   // Specialised sizes stage at a fixed pitch (the launch checks it fits).
   constexpr int kPitch = KH_T > 0 ? sc::kDgradPitch : 0;
   const int pitch = static_or<kPitch>(pitch_arg);
-  extern __shared__ float4 smem4[];
+  extern __shared__ __align__(128) float4 smem4[];  // the tensor copy writes 128-byte aligned
+  __shared__ uint64_t staged[1];
+  small_channels::CopyRing<1> ring(staged, tma);
   float* s_go = reinterpret_cast<float*>(smem4);  // [kChunk][halo_rows][pitch]
   // [kChunk][kh][kw][4 ci]; window phases: [kChunk][kw tap b][kh tap q][4 ci]
   float* s_w = s_go + kChunk * halo_rows * pitch;
@@ -149,8 +183,9 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int r0 = (threadIdx.x / sc::kTileCols) * kRows;
   const int j = j0 + col;
   const bool any_tap = th.count > 0 && tw.count > 0;
-  const bool window = KH_T > 0 && th.off_step == 1;
-  const int kh_last = th.first + (th.count - 1) * th.step;
+  // Window phases (the launch arranged their weights: dilation divides the
+  // stride, so th.off_step == 1).
+  const bool window = KH_T > 0 && w_phase != nullptr;
   const int taps_phase = th.count * tw.count;
 
   for (int g = blockIdx.y; g < p.groups; g += gridDim.y) {
@@ -164,19 +199,33 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
       for (int co0 = 0; any_tap && co0 < cout_g; co0 += kChunk) {
         const int chunk = min(kChunk, cout_g - co0);
         __syncthreads();  // the previous chunk is consumed
-        small_channels::stage_halo(
-            s_go, grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo), chunk,
-            Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch, halo_rows * pitch, vec);
-        cp_async_commit();
-        if (window) {  // the phase's taps only, in the order the columns read them
-          for (int e = threadIdx.x; e < kChunk * taps_phase * 4; e += sc::kThreads) {
-            const int ci = e % 4, tap = (e / 4) % taps_phase;
-            const int co = co0 + e / (4 * taps_phase);
-            const int b = tap / th.count, q = tap - b * th.count;
-            s_w[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, kh_last - q * th.step,
-                                    tw.first + b * tw.step);
+        // The chunk's arranged weights (window phases): 4 channels' taps.
+        const float* w_chunk =
+            window ? w_phase + (int64_t(g) * sh * sw + ph * sw + pw) * phase_floats +
+                         co0 * taps_phase * 4
+                   : nullptr;
+        const int w_vecs = kChunk * taps_phase;  // 16-byte pieces
+        if (tma) {
+          // The box holds kChunk channels; past the chunk's they are never read.
+          if (threadIdx.x == 0) {
+            mbarrier_arrive_expect_tx(&ring.barrier[0],
+                                      4u * (kChunk * halo_rows * pitch + (window ? 4 * w_vecs : 0)));
+            tma_load_4d(s_go, &go_map, hc.first - hc.lead, i0 + off_h_min, g * cout_g + co0, n,
+                        &ring.barrier[0]);
+            if (window) bulk_copy_to_smem(s_w, w_chunk, 16u * w_vecs, &ring.barrier[0]);
           }
         } else {
+          small_channels::stage_halo(
+              s_go, grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo), chunk,
+              Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch, halo_rows * pitch,
+              vec);
+          if (window) {
+            for (int e = threadIdx.x; e < w_vecs; e += sc::kThreads)
+              cp_async_16(s_w + 4 * e, w_chunk + 4 * e);
+          }
+        }
+        cp_async_commit();
+        if (!window) {
           for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += sc::kThreads) {
             const int ci = e % 4;
             const int tap = (e / 4) % (KH * KW);
@@ -185,6 +234,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
           }
         }
         cp_async_wait<0>();
+        if (tma) ring.wait(0);
         __syncthreads();
         // Two levels of sums: each chunk's products (at most 4 channels x
         // the phase's taps) into `part`, the chunks' sums into `acc`. One
@@ -256,22 +306,54 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 }
 
 template <int KH, int KW, int kCi>
-void launch(const ConvParams& p, const float* go, const float* w, float* gi, bool vec) {
+void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
+            bool vec) {
   const sc::Halo h = sc::dgrad_halo(p);
   if constexpr (KH > 0) {
     // Strides and dilations whose halo is wider than the fixed pitch.
-    if (h.pitch != sc::kDgradPitch) return launch<0, 0, kCi>(p, go, w, gi, vec);
+    if (h.pitch != sc::kDgradPitch) return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
   }
   const size_t smem = static_cast<size_t>(sc::dgrad_smem_bytes(p));
   const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), sc::kTileCols);
   const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), kTileRows) * tiles_w;
-  const int64_t blocks = tiles * p.stride_h * p.stride_w;
+  const int64_t phases = p.stride_h * p.stride_w;
+  const int64_t blocks = tiles * phases;
   TORCH_CHECK(blocks < (int64_t(1) << 31), "conv2d_ext: input too large for the small-channel dgrad");
+  auto stream = at::cuda::getCurrentCUDAStream();
+
+  // Window phases read their weights prearranged (see the kernel).
+  at::Tensor w_phase;
+  int phase_floats = 0;
+  if (KH > 0 && p.stride_h % p.dilation_h == 0) {
+    const int64_t co_pad = ceil_div(p.out_channels_per_group(), kChunk) * kChunk;
+    const int64_t floats = co_pad * p.kernel_h * p.kernel_w * 4;
+    TORCH_CHECK(floats < (int64_t(1) << 31) && p.groups < kMaxGridYZ,
+                "conv2d_ext: weight too large for the small-channel dgrad");
+    phase_floats = static_cast<int>(floats);
+    w_phase = at::empty({p.groups * phases * floats}, grad_out.options());
+    const dim3 grid(static_cast<unsigned>(ceil_div(floats, 256)), static_cast<unsigned>(phases),
+                    static_cast<unsigned>(p.groups));
+    arrange_phase_weights<<<grid, 256, 0, stream>>>(p, w, w_phase.data_ptr<float>(),
+                                                     static_cast<int>(co_pad), phase_floats);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  // The tensor-copy engine reads the rows 16-byte copies would (vec).
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  const bool tma = vec && hopper_kernels(10 * props->major + props->minor) &&
+                   h.pitch <= kMaxTmaBox && h.rows <= kMaxTmaBox;
+  CUtensorMap go_map{};  // not read without tma
+  if (tma) {
+    go_map = nchw_tensor_map(grad_out, static_cast<uint32_t>(h.pitch),
+                             static_cast<uint32_t>(h.rows), kChunk, 1);
+  }
   const dim3 grid(blocks, std::min(p.groups, kMaxGridYZ), std::min(p.batch, kMaxGridYZ));
   auto kernel = dgrad_small_channels_kernel<KH, KW, kCi>;
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<grid, sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-      p, go, w, gi, vec, h.rows, h.pitch, static_cast<int>(tiles_w));
+  kernel<<<grid, sc::kThreads, smem, stream>>>(
+      go_map, p, grad_out.data_ptr<float>(), w,
+      w_phase.defined() ? w_phase.data_ptr<float>() : nullptr, phase_floats, gi, vec, tma,
+      h.rows, h.pitch, static_cast<int>(tiles_w));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -281,20 +363,19 @@ void launch_dgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
                                  const at::Tensor& w, at::Tensor& grad_in) {
   TORCH_CHECK(sc::dgrad_fits(p), "conv2d_ext: internal error: small-channel dgrad does not fit");
   const bool vec = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
-  const float* go = grad_out.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* gi = grad_in.data_ptr<float>();
   dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
     switch (p.in_channels_per_group()) {
       case 1:
-        return launch<KH, KW, 1>(p, go, wp, gi, vec);
+        return launch<KH, KW, 1>(p, grad_out, wp, gi, vec);
       case 2:
-        return launch<KH, KW, 2>(p, go, wp, gi, vec);
+        return launch<KH, KW, 2>(p, grad_out, wp, gi, vec);
       case 3:
-        return launch<KH, KW, 3>(p, go, wp, gi, vec);
+        return launch<KH, KW, 3>(p, grad_out, wp, gi, vec);
       default:
-        return launch<KH, KW, 4>(p, go, wp, gi, vec);
+        return launch<KH, KW, 4>(p, grad_out, wp, gi, vec);
     }
   });
 }
