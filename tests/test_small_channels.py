@@ -276,8 +276,8 @@ def test_dgrad_never_reads_the_next_groups_channels(precision):
     gy = torch.randn(n, cout, 20, 32, device="cuda")
     gy[:, cout // groups:] = float("inf")  # group 1
     gi = ops.conv2d_backward_input(gy, wt, list(x.shape), [2, 2], [3, 3], [1, 1], groups)
-    ref = torch.nn.grad.conv2d_input((n, cin // groups, 40, 64), gy[:, : cout // groups].double(),
-                                     wt[: cout // groups].double(), 2, 3, 1, 1)
+    ref = torch.nn.grad.conv2d_input((n, cin // groups, 40, 64), wt[: cout // groups].double(),
+                                     gy[:, : cout // groups].double(), 2, 3, 1, 1)
     first = gi[:, : cin // groups]
     assert torch.isfinite(first).all()
     k_dgrad = (cout // groups) * 7 * 7  # at most: the phases see a quarter of the taps

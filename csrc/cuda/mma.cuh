@@ -76,6 +76,13 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// A float at a 32-bit shared address.
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+  return v;
+}
+
 // 4-byte async copy; copies zeros instead when !valid (src is not read).
 __device__ __forceinline__ void cp_async_4(void* smem, const float* src,
                                            bool valid) {

@@ -379,7 +379,9 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   for (int j = 0; j < kTileN; ++j) {
     const int nidx = min(ng * kTileN + j, n_total - 1);
     const int ci = nidx / taps, tap = nidx % taps;
-    xoff[j] = ci * plane + (tap / KW) * p.dilation_h * pitch + (tap % KW) * p.dilation_w;
+    // In bytes: the loop below adds it to a 32-bit shared address (one IADD
+    // a load; float indices into a generic pointer cost an IADD and a LEA).
+    xoff[j] = 4 * (ci * plane + (tap / KW) * p.dilation_h * pitch + (tap % KW) * p.dilation_w);
   }
   float acc[kTileM][kTileN];
 #pragma unroll
@@ -420,14 +422,14 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     if (!worker) continue;
     const int rows = min(kRowsT, Ho - oh0), cols = min(sc::kTileCols, Wo - ow0);
     for (int r = 0; r < rows; ++r) {
-      const float* sxr = s_x + hc.lead + r * sh * pitch;
+      const uint32_t sxr = smem_addr(s_x + hc.lead + r * sh * pitch);
       for (int c = lane_q; c < cols; c += ws.lanes) {
         float gv[kTileM];
         load_tile(s_go + (r * sc::kTileCols + c) * kGoPitch + cg * kTileM, gv);
-        const float* sx = sxr + c * sw;
+        const uint32_t sx = sxr + 4 * c * sw;
         float xv[kTileN];
 #pragma unroll
-        for (int j = 0; j < kTileN; ++j) xv[j] = sx[xoff[j]];
+        for (int j = 0; j < kTileN; ++j) xv[j] = lds_f32(sx + xoff[j]);
 #pragma unroll
         for (int i = 0; i < kTileM; ++i)
 #pragma unroll
