@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 
 #include <atomic>
+#include <optional>
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
 #else
@@ -153,34 +154,36 @@ std::string algorithm(const std::string& pass, const at::Tensor& input,
   return to_string(choose_plan(p, which, input.scalar_type(), sm).algo);
 }
 
-int64_t flat_row_shifts(const std::string& pass, const at::Tensor& input,
-                        const at::Tensor& weight, c10::IntArrayRef stride,
-                        c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
+namespace {
+// The flat kernel's layout for `pass` (the forward, or a dgrad that runs as
+// one), or none where the pass does not run on it.
+std::optional<igemm_fprop_flat::Layout> flat_layout(
+    const std::string& pass, const at::Tensor& input, const at::Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+    int64_t groups) {
   const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
                                          padding, dilation, groups);
   const bool split = math_mode(input.scalar_type()) == MathMode::kIEEE;
-  if (pass == "forward") return igemm_fprop_flat::choose_layout(p, split).shifts;
+  if (pass == "forward") return igemm_fprop_flat::choose_layout(p, split);
   if (pass == "backward_input" && dgrad_is_fprop(p)) {
-    return igemm_fprop_flat::choose_layout(dgrad_as_fprop(p), split).shifts;
+    return igemm_fprop_flat::choose_layout(dgrad_as_fprop(p), split);
   }
-  return 0;
+  return std::nullopt;
+}
+}  // namespace
+
+int64_t flat_row_shifts(const std::string& pass, const at::Tensor& input,
+                        const at::Tensor& weight, c10::IntArrayRef stride,
+                        c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
+  const auto l = flat_layout(pass, input, weight, stride, padding, dilation, groups);
+  return l ? l->shifts : 0;
 }
 
 int64_t flat_segments(const std::string& pass, const at::Tensor& input,
                       const at::Tensor& weight, c10::IntArrayRef stride,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
-  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
-                                         padding, dilation, groups);
-  const bool split = math_mode(input.scalar_type()) == MathMode::kIEEE;
-  igemm_fprop_flat::Layout l{};
-  if (pass == "forward") {
-    l = igemm_fprop_flat::choose_layout(p, split);
-  } else if (pass == "backward_input" && dgrad_is_fprop(p)) {
-    l = igemm_fprop_flat::choose_layout(dgrad_as_fprop(p), split);
-  } else {
-    return 0;
-  }
-  return l.smem_bytes == INT64_MAX ? 0 : igemm_fprop_flat::segments(l);
+  const auto l = flat_layout(pass, input, weight, stride, padding, dilation, groups);
+  return l && l->smem_bytes != INT64_MAX ? igemm_fprop_flat::segments(*l) : 0;
 }
 
 bool built_with_sm90a() {
