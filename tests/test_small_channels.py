@@ -65,6 +65,9 @@ CASES = [
     (2, 6, 40, 64, 10, (7, 7), 2, 3, 1, 2, True),
     (1, 4, 30, 64, 8, (3, 3), 2, 1, 1, 4, False),
     (1, 3, 24, 64, 6, (3, 3), 2, 2, 2, 1, True),
+    # Stride 9 (81 phases, most reached by no tap): the weights are staged
+    # from the weight tensor, not prearranged per phase.
+    (1, 2, 40, 64, 2, (3, 3), 9, 1, 1, 2, False),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.

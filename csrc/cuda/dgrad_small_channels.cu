@@ -116,23 +116,26 @@ __device__ __forceinline__ void with_count(int count, Fn&& fn) {
 // (padded to whole chunks)][kw tap b][kh tap q][4 ci], zeros past the
 // channels, so that a chunk's weights are one contiguous copy. A (group,
 // phase) block is `phase_floats` long; one thread per float of the
-// largest phase.
+// largest phase, blocks striding over the phases and groups.
 __global__ void arrange_phase_weights(const ConvParams p, const float* __restrict__ w,
                                       float* __restrict__ out, int co_pad, int phase_floats) {
   const int sh = p.stride_h, sw = p.stride_w;
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= phase_floats) return;
-  const int phase = blockIdx.y, g = blockIdx.z;
-  const PhaseTaps th = phase_taps(phase / sw, p.pad_h, p.kernel_h, sh, p.dilation_h);
-  const PhaseTaps tw = phase_taps(phase % sw, p.pad_w, p.kernel_w, sw, p.dilation_w);
-  const int taps_phase = th.count * tw.count;
-  if (e >= co_pad * taps_phase * 4) return;
-  const int ci = e % 4, tap = (e / 4) % taps_phase, co = e / (4 * taps_phase);
-  const int b = tap / th.count, q = tap - b * th.count;
-  const int kh_last = th.first + (th.count - 1) * th.step;
-  out[(int64_t(g) * sh * sw + phase) * phase_floats + e] =
-      weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, kh_last - q * th.step,
-                     tw.first + b * tw.step);
+  for (int phase = blockIdx.y; phase < sh * sw; phase += gridDim.y) {
+    const PhaseTaps th = phase_taps(phase / sw, p.pad_h, p.kernel_h, sh, p.dilation_h);
+    const PhaseTaps tw = phase_taps(phase % sw, p.pad_w, p.kernel_w, sw, p.dilation_w);
+    const int taps_phase = th.count * tw.count;
+    if (e >= co_pad * taps_phase * 4) continue;
+    const int ci = e % 4, tap = (e / 4) % taps_phase, co = e / (4 * taps_phase);
+    const int b = tap / th.count, q = tap - b * th.count;
+    const int kh_last = th.first + (th.count - 1) * th.step;
+    for (int g = blockIdx.z; g < p.groups; g += gridDim.z) {
+      out[(int64_t(g) * sh * sw + phase) * phase_floats + e] =
+          weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, kh_last - q * th.step,
+                         tw.first + b * tw.step);
+    }
+  }
 }
 
 template <int KH_T, int KW_T, int kCi>
@@ -321,18 +324,20 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   TORCH_CHECK(blocks < (int64_t(1) << 31), "conv2d_ext: input too large for the small-channel dgrad");
   auto stream = at::cuda::getCurrentCUDAStream();
 
-  // Window phases read their weights prearranged (see the kernel).
+  // Window phases read their weights prearranged (see the kernel); strides
+  // past 8 (mostly phases no tap reaches) stage them from the weight itself.
   at::Tensor w_phase;
   int phase_floats = 0;
-  if (KH > 0 && p.stride_h % p.dilation_h == 0) {
+  if (KH > 0 && p.stride_h % p.dilation_h == 0 && phases <= 64) {
     const int64_t co_pad = ceil_div(p.out_channels_per_group(), kChunk) * kChunk;
     const int64_t floats = co_pad * p.kernel_h * p.kernel_w * 4;
-    TORCH_CHECK(floats < (int64_t(1) << 31) && p.groups < kMaxGridYZ,
+    TORCH_CHECK(floats < (int64_t(1) << 31) && phases < (int64_t(1) << 31),
                 "conv2d_ext: weight too large for the small-channel dgrad");
     phase_floats = static_cast<int>(floats);
     w_phase = at::empty({p.groups * phases * floats}, grad_out.options());
-    const dim3 grid(static_cast<unsigned>(ceil_div(floats, 256)), static_cast<unsigned>(phases),
-                    static_cast<unsigned>(p.groups));
+    const dim3 grid(static_cast<unsigned>(ceil_div(floats, 256)),
+                    static_cast<unsigned>(std::min(phases, kMaxGridYZ)),
+                    static_cast<unsigned>(std::min(p.groups, kMaxGridYZ)));
     arrange_phase_weights<<<grid, 256, 0, stream>>>(p, w, w_phase.data_ptr<float>(),
                                                      static_cast<int>(co_pad), phase_floats);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
