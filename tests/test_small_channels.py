@@ -269,6 +269,15 @@ def test_depthwise_noncontiguous(device, layout, precision):
 
 
 @cuda_only
+def test_more_groups_than_grid_blocks(precision):
+    """The grid has at most 65535 blocks in y, so with more groups some
+    blocks (and the strided dgrad's phase-weight arrangement) loop over
+    several: depthwise, stride 2, every pass."""
+    groups = 65535 + 3
+    _run((1, groups, 6, 8, groups, (3, 3), 2, 1, 1, groups, False), "cuda", torch.float32)
+
+
+@cuda_only
 def test_dgrad_never_reads_the_next_groups_channels(precision):
     """The strided dgrad stages grad_output 4 channels at a time; past a
     group's last channel the staged box holds the next group's. Inf there
