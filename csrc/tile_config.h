@@ -684,7 +684,9 @@ inline Halo dgrad_halo(const ConvParams& p) {
   return h;
 }
 inline int64_t dgrad_smem_bytes(const ConvParams& p) {
-  return 4 * kDgradCoChunk * (dgrad_halo(p).floats + p.kernel_h * p.kernel_w * kMaxChannels);
+  const int64_t halo_floats = dgrad_halo(p).floats;
+  if (halo_floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
+  return 4 * kDgradCoChunk * (halo_floats + p.kernel_h * p.kernel_w * kMaxChannels);
 }
 inline bool dgrad_fits(const ConvParams& p) {
   return p.in_channels_per_group() <= kMaxChannels && dgrad_smem_bytes(p) <= kMaxSmemBytes;
@@ -711,8 +713,9 @@ inline int64_t wgrad_smem_bytes(const ConvParams& p) {
             p.out_channels_per_group() * kNarrowRows * kSlots * kTileCols);
   }
   // Wide: plus each worker's sums of its tiles (at most one per thread).
-  return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch +
-              p.in_channels_per_group() * wgrad_halo(p).floats +
+  const int64_t halo_floats = wgrad_halo(p).floats;
+  if (halo_floats > kMaxSmemBytes) return INT64_MAX;
+  return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch + p.in_channels_per_group() * halo_floats +
               int64_t(kThreads) * kWgradSumPitch);
 }
 // Up to the GPU's per-block limit: the narrow ring at stride 2 needs more
@@ -720,8 +723,9 @@ inline int64_t wgrad_smem_bytes(const ConvParams& p) {
 // the kernels' static shared memory too (the warp sums, at most 1.6 KB).
 constexpr int64_t kWgradStaticSmemBytes = 2 * 1024;
 inline bool wgrad_fits(const ConvParams& p, int sm) {
+  // INT64_MAX (nothing fits) must not wrap: the static bytes go on the right.
   return p.in_channels_per_group() <= kMaxChannels &&
-         wgrad_smem_bytes(p) + kWgradStaticSmemBytes <= igemm_wgrad::max_block_smem_bytes(sm);
+         wgrad_smem_bytes(p) <= igemm_wgrad::max_block_smem_bytes(sm) - kWgradStaticSmemBytes;
 }
 
 // dgrad runs on the forward kernel where it is a unit-stride forward that
