@@ -704,6 +704,14 @@ inline Halo wgrad_halo(const ConvParams& p) {
   return halo(narrow(p) ? kNarrowRows * kSlots : kWgradWideRows, kTileCols, p.kernel_h,
               p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w);
 }
+// Wide: one stage (grad_output tile and input halo), then each of the
+// block's `workers` threads' sums of its tiles.
+inline int64_t wgrad_wide_smem_bytes(const ConvParams& p, int workers) {
+  const int64_t halo_floats = wgrad_halo(p).floats;
+  if (halo_floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
+  return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch + p.in_channels_per_group() * halo_floats +
+              int64_t(workers) * kWgradSumPitch);
+}
 inline int64_t wgrad_smem_bytes(const ConvParams& p) {
   if (narrow(p)) {  // a ring of (input halo, grad_output tiles)
     const int64_t halo_floats = wgrad_halo(p).floats;
@@ -712,11 +720,7 @@ inline int64_t wgrad_smem_bytes(const ConvParams& p) {
            (aligned_floats(halo_floats) +
             p.out_channels_per_group() * kNarrowRows * kSlots * kTileCols);
   }
-  // Wide: plus each worker's sums of its tiles (at most one per thread).
-  const int64_t halo_floats = wgrad_halo(p).floats;
-  if (halo_floats > kMaxSmemBytes) return INT64_MAX;
-  return 4 * (int64_t(kWgradWidePixels) * kWgradGoPitch + p.in_channels_per_group() * halo_floats +
-              int64_t(kThreads) * kWgradSumPitch);
+  return wgrad_wide_smem_bytes(p, kThreads);  // at most one worker per thread
 }
 // Up to the GPU's per-block limit: the narrow ring at stride 2 needs more
 // than the other passes' bound (one block per SM then). The limit counts

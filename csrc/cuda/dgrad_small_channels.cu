@@ -343,10 +343,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
-  // The tensor-copy engine reads the rows 16-byte copies would (vec).
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  const bool tma = vec && hopper_kernels(10 * props->major + props->minor) &&
-                   h.pitch <= kMaxTmaBox && h.rows <= kMaxTmaBox;
+  const bool tma = small_channels::tma_stages(vec, h);
   CUtensorMap go_map{};  // not read without tma
   if (tma) {
     go_map = nchw_tensor_map(grad_out, static_cast<uint32_t>(h.pitch),

@@ -395,9 +395,7 @@ void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const
   // image instead of a loop of copies (a third of dw_5x5's instructions).
   // It reads the rows that 16-byte copies would (vec).
   const sc::Halo h = sc::fprop_halo(p);
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  const bool tma = vec && hopper_kernels(10 * props->major + props->minor) &&
-                   h.pitch <= kMaxTmaBox && h.rows <= kMaxTmaBox;
+  const bool tma = small_channels::tma_stages(vec, h);
   CUtensorMap x_map{};  // not read without tma
   if (tma) {
     x_map = nchw_tensor_map(x, static_cast<uint32_t>(h.pitch), static_cast<uint32_t>(h.rows),

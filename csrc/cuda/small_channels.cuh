@@ -3,6 +3,7 @@
 // its halo in shared memory.
 #pragma once
 
+#include "../plan.h"
 #include "../tile_config.h"
 #include "common.cuh"
 #include "kernel_sizes.cuh"
@@ -104,6 +105,12 @@ void dispatch_narrow_channels(int64_t cout_g, Fn&& fn) {
     case 3: return fn(Int<3>{});
     default: return fn(Int<4>{});
   }
+}
+
+// Whether the tensor-copy engine stages halos of `h` on this GPU: it reads
+// the rows 16-byte copies would (vec), in boxes of at most kMaxTmaBox.
+inline bool tma_stages(bool vec, const conv2d_ext::small_channels::Halo& h) {
+  return vec && hopper_kernels(current_sm()) && h.pitch <= kMaxTmaBox && h.rows <= kMaxTmaBox;
 }
 
 // Whether 16-byte copies may stage rows of width W from `base`.

@@ -296,8 +296,7 @@ Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tenso
   const size_t smem = static_cast<size_t>(sc::wgrad_smem_bytes(p));
   // On Hopper, both boxes of a step by the tensor-copy engine (rows of a
   // multiple of 4 floats, as for 16-byte copies).
-  const bool tma = vec && vec_go && hopper_kernels(current_sm()) && h.pitch <= kMaxTmaBox &&
-                   h.rows <= kMaxTmaBox;
+  const bool tma = vec_go && small_channels::tma_stages(vec, h);
   CUtensorMap x_map{}, go_map{};  // not read without tma
   if (tma) {
     x_map = nchw_tensor_map(x_t, static_cast<uint32_t>(h.pitch), static_cast<uint32_t>(h.rows),
@@ -335,8 +334,7 @@ __host__ __device__ inline WideShape wide_shape(int n_groups_block) {
 __global__ void __launch_bounds__(sc::kThreads, 2)
     wgrad_wide_kernel(const ConvParams p, const float* __restrict__ grad_out,
                       const float* __restrict__ x, float* __restrict__ partial, bool vec,
-                      int halo_rows, int pitch, int n_parts, int stages_per_slice,
-                      int x_floats) {
+                      int halo_rows, int pitch, int n_parts, int stages_per_slice) {
   extern __shared__ float4 smem4[];
   float* s_go = reinterpret_cast<float*>(smem4);  // [kPixels][kGoPitch]
   float* s_x = s_go + kPixels * kGoPitch;          // [ci][halo_rows][pitch]
@@ -345,7 +343,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   // runs over a whole slice (the stem at batch 32: 1792 products per
   // chain, 7.1e-7 against cuDNN's 6.5e-7). The pitch keeps a quarter
   // warp's 16-byte accesses on distinct banks, and the offsets constant.
-  float4* s_sum = reinterpret_cast<float4*>(s_x + x_floats) + threadIdx.x * (kSumPitch / 4);
+  float4* s_sum = reinterpret_cast<float4*>(s_x + p.in_channels_per_group() * halo_rows * pitch) +
+                  threadIdx.x * (kSumPitch / 4);
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
   const int KH = p.kernel_h, KW = p.kernel_w, taps = KH * KW;
@@ -512,16 +511,12 @@ Split launch_wide(const ConvParams& p, const float* go, const float* x,
   const int64_t ng_block = ceil_div(ng_total, n_parts);
   const WideShape ws = wide_shape(static_cast<int>(ng_block));
   const int64_t red_bytes = ws.lanes > 1 ? int64_t(sc::kThreads) * 64 * 4 : 0;
-  const int64_t workers = int64_t(ws.n_groups) * kCoGroups * ws.lanes;
-  const int64_t x_floats = p.in_channels_per_group() * h.floats;
-  const int64_t stage_bytes = 4 * (int64_t(kPixels) * kGoPitch + x_floats);
-  const size_t smem = static_cast<size_t>(
-      std::max(stage_bytes + 4 * int64_t(kSumPitch) * workers, red_bytes));
+  const int workers = ws.n_groups * kCoGroups * ws.lanes;
+  const size_t smem = static_cast<size_t>(std::max(sc::wgrad_wide_smem_bytes(p, workers), red_bytes));
   auto kernel = wgrad_wide_kernel;
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, sp.slices), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-      p, go, x, sp.partial.data_ptr<float>(), vec, h.rows, h.pitch, n_parts, sp.per_slice,
-      static_cast<int>(x_floats));
+      p, go, x, sp.partial.data_ptr<float>(), vec, h.rows, h.pitch, n_parts, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return sp;
 }
