@@ -90,9 +90,16 @@ Algo fprop_algo(const ConvParams& p, MathMode math, int sm) {
 
 // Few input channels per group: the small-channel kernels when their tiles
 // fit (kDirect otherwise). They stage tiles with cp.async (sm_80+).
-Algo small_channel_algo(const ConvParams& p, Pass pass, int sm) {
+Algo small_channel_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
   namespace sc = small_channels;
   if (sm < 80 || p.in_channels_per_group() > sc::kMaxChannels) return Algo::kDirect;
+  // wgrad of wide tiles (RGB stems) is a GEMM of few bytes per product:
+  // the FFMA kernel reached a quarter of the FFMA peak, well under the
+  // tensor cores. IEEE mode keeps short reductions on FFMA, as above.
+  if (pass == Pass::kWgrad && sc::wgrad_tc_fits(p, math == MathMode::kIEEE) &&
+      !(math == MathMode::kIEEE && short_wgrad(p))) {
+    return Algo::kFewChannelsTensorCore;
+  }
   const bool fits = pass == Pass::kFprop   ? sc::fprop_fits(p)
                     : pass == Pass::kDgrad ? sc::dgrad_runs_as_fprop(p) || sc::dgrad_fits(p)
                                            : sc::wgrad_fits(p, sm);
@@ -108,7 +115,7 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
   if (dtype != at::kFloat) return plan;
-  const Algo small = small_channel_algo(p, pass, sm);
+  const Algo small = small_channel_algo(p, pass, plan.math, sm);
   if (small != Algo::kDirect) {
     plan.algo = small;
     return plan;
@@ -208,6 +215,8 @@ const char* to_string(Algo algo) {
       return "depthwise";
     case Algo::kFewChannels:
       return "few_channels";
+    case Algo::kFewChannelsTensorCore:
+      return "few_channels_tc";
     case Algo::kDgradPhases:
       return "dgrad_phases";
   }

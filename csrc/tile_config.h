@@ -732,6 +732,35 @@ inline bool wgrad_fits(const ConvParams& p, int sm) {
          wgrad_smem_bytes(p) <= igemm_wgrad::max_block_smem_bytes(sm) - kWgradStaticSmemBytes;
 }
 
+// wgrad on tensor cores for wide tiles (wgrad_small_channels_tc.cu): a
+// 64-channel tile of M, up to kWgradTcWarpN n8 tiles of N per warp (the
+// stem's 147 columns in one block), one output row x 64 columns per stage;
+// two raw stages (one lands while the other computes) and, for 3xTF32,
+// the small parts of one. Each starts 1024-byte aligned (grad_output's
+// tile is in the 128-byte swizzle), after up to 1 KB of alignment slack.
+constexpr int kWgradTcCo = 64;
+constexpr int kWgradTcWarpN = 3;
+inline Halo wgrad_tc_halo(const ConvParams& p) {
+  return halo(1, kTileCols, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h,
+              p.dilation_w);
+}
+constexpr int64_t wgrad_tc_buffer_floats(int64_t cin, int64_t plane_floats) {
+  return (kWgradTcCo * kTileCols + cin * plane_floats + 255) / 256 * 256;
+}
+inline int64_t wgrad_tc_smem_bytes(const ConvParams& p, bool split) {
+  const int64_t halo_floats = wgrad_tc_halo(p).floats;
+  if (halo_floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
+  const int64_t stages =
+      (split ? 3 : 2) * wgrad_tc_buffer_floats(p.in_channels_per_group(), halo_floats);
+  // The warps' accumulators meet through the same memory at the end.
+  const int64_t sums = int64_t(kThreads) * (kWgradTcCo / 16) * kWgradTcWarpN * 4;
+  return 1024 + 4 * std::max(stages, sums);
+}
+inline bool wgrad_tc_fits(const ConvParams& p, bool split) {
+  return p.in_channels_per_group() <= kMaxChannels && !narrow(p) &&
+         wgrad_tc_smem_bytes(p, split) <= kMaxSmemBytes;
+}
+
 // dgrad runs on the forward kernel where it is a unit-stride forward that
 // fits it (depthwise: the forward's register window), else on the gather.
 inline bool dgrad_runs_as_fprop(const ConvParams& p) {

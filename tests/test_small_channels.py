@@ -5,7 +5,7 @@ import torch
 
 import conv2d_ext
 from utils import (DEVICES, cuda_only, hopper_kernels, precision_of, reduction_lengths, reference,
-                   rel_err, tolerance)
+                   rel_err, tf32_mode, tolerance)
 
 ops = torch.ops.conv2d_ext
 
@@ -92,9 +92,21 @@ def _geometry(case):
     return [list(_pair(stride)), list(_pair(padding)), list(_pair(dilation)), groups]
 
 
-def _expected_kernel(case):
+def _expected_kernel(case, pass_):
+    """The suite keeps IEEE-mode wgrad of short reductions on tensor cores
+    (conftest.py), so wide tiles' wgrad runs the tensor-core kernel in both
+    modes here."""
     _, cin, _, _, cout, _, _, _, _, groups, _ = case
-    return "depthwise" if cin // groups == 1 and cout // groups <= 4 else "few_channels"
+    if cin // groups == 1 and cout // groups <= 4:
+        return "depthwise"
+    if pass_ == "backward_weight" and _wide(case):
+        return "few_channels_tc"
+    return "few_channels"
+
+
+def _wide(case):
+    _, _, _, _, cout, _, _, _, _, groups, _ = case
+    return cout // groups > 4
 
 
 def _precisions(x, wt, stride, padding, dilation, groups):
@@ -173,15 +185,45 @@ def test_small_channel_cases_reach_their_kernels(precision):
     """The cases test what they claim: in float32, every pass of each runs
     the depthwise kernel (one input channel and at most four output channels
     per group) or the few-channel kernel (at most 4 input channels per
-    group), in both precision modes."""
+    group), in both precision modes; wgrad with more than 4 output channels
+    per group, the tensor-core one."""
     for case in CASES + REPRODUCIBLE:
         n, cin, h, w, cout, k, _, _, _, groups, _ = case
         x = torch.empty(n, cin, h, w, device="cuda")
         wt = torch.empty(cout, cin // groups, *k, device="cuda")
-        expected = _expected_kernel(case)
         for pass_ in PASSES:
+            expected = _expected_kernel(case, pass_)
             algo = ops._algorithm(pass_, x, wt, *_geometry(case))
             assert algo == expected, f"{case} {pass_}: {algo}, expected {expected} ({precision})"
+
+
+def _short(case):
+    """N*Ho*Wo below the plan's 8192: IEEE-mode wgrad keeps it on FFMA."""
+    n, _, h, w, _, (kh, kw), stride, padding, dilation, _, _ = case
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return n * ho * wo < 8192
+
+
+WIDE_CASES = [c for c in CASES if _wide(c) and _short(c)]
+
+
+@cuda_only
+@pytest.mark.default_wgrad_routing
+@pytest.mark.parametrize("case", WIDE_CASES, ids=[f"wide{i}" for i in range(len(WIDE_CASES))])
+def test_wide_wgrad_of_short_ieee_reductions_on_ffma(case):
+    """Outside the suite's switch, IEEE-mode wgrad of short reductions
+    (N*Ho*Wo below 8192) of wide tiles runs the FFMA kernel, more accurate
+    there than 3xTF32; TF32 mode keeps the tensor cores."""
+    n, cin, h, w, cout, k, _, _, _, groups, _ = case
+    x = torch.empty(n, cin, h, w, device="cuda")
+    wt = torch.empty(cout, cin // groups, *k, device="cuda")
+    with tf32_mode(True):
+        assert ops._algorithm("backward_weight", x, wt, *_geometry(case)) == "few_channels_tc"
+    with tf32_mode(False):
+        assert ops._algorithm("backward_weight", x, wt, *_geometry(case)) == "few_channels"
+        _run(case, "cuda", torch.float32)
 
 
 @cuda_only

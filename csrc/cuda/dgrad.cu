@@ -247,6 +247,8 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
               launch_dgrad_direct<scalar_t>(p, go, w, grad_in);
             });
             return;
+          case Algo::kFewChannelsTensorCore:  // a wgrad algorithm
+            break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA dgrad kernel for algorithm ",
                     to_string(plan.algo));

@@ -181,8 +181,9 @@ void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                                       y);
       });
       return;
-    case Algo::kDgradPhases:
-      break;  // a dgrad algorithm
+    case Algo::kDgradPhases:           // a dgrad algorithm
+    case Algo::kFewChannelsTensorCore:  // a wgrad algorithm
+      break;
   }
   TORCH_CHECK(false, "conv2d_ext: no CUDA fprop kernel for algorithm ", to_string(plan.algo));
 }

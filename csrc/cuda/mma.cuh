@@ -58,11 +58,14 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& sma
 }
 
 // D += A * B for one m16n8k8 TF32 tile (A row-major 16x8, B column-major
-// 8x8, FP32 accumulators), fragments as the PTX ISA lays them out.
+// 8x8, FP32 accumulators), fragments as the PTX ISA lays them out. Not
+// volatile: a function of its registers, which the compiler may schedule
+// among the loads (volatile kept every fragment load after the previous
+// tile's products, and the few-channel wgrad waited on each).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
                                          const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -74,6 +77,20 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8 x 8 matrices of 16-bit elements from shared memory, one per
+// register; lanes 8i to 8i + 7 give the 16-byte rows of matrix i. For TF32
+// a row is 4 floats and lane (gq, tq) gets float tq of row gq: matrices of
+// rows 0-7 and 8-15 at k 0-3, then both at k 4-7, are an m16k8 A fragment.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_byte_addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_byte_addr));
+#else
+  __trap();  // the plan never picks tensor-core kernels below sm_80
+#endif
 }
 
 // A float at a 32-bit shared address.

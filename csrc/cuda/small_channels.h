@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "../conv_params.h"
+#include "../plan.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -24,6 +25,11 @@ void launch_dgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
 // wgrad, reduced over split slices of the output pixels in a fixed order.
 void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
                                  const at::Tensor& x, at::Tensor& grad_w);
+
+// wgrad of wide tiles (more than 4 output channels per group) on TF32
+// tensor cores: TF32, or 3xTF32 in IEEE mode (Algo::kFewChannelsTensorCore).
+void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
+                                    const at::Tensor& x, at::Tensor& grad_w, MathMode math);
 
 }  // namespace cuda
 }  // namespace conv2d_ext

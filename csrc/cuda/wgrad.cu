@@ -195,6 +195,9 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
           case Algo::kFewChannels:  // float32 only
             launch_wgrad_small_channels(p, go, x, grad_w);
             return;
+          case Algo::kFewChannelsTensorCore:  // float32 only
+            launch_wgrad_small_channels_tc(p, go, x, grad_w, plan.math);
+            return;
           case Algo::kDirect:
             AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_wgrad", [&] {
               launch_wgrad_direct<scalar_t>(p, go, x, grad_w);

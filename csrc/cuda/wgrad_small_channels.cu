@@ -33,30 +33,10 @@ namespace {
 
 namespace sc = conv2d_ext::small_channels;
 using small_channels::HaloCols;
+using small_channels::Split;
+using small_channels::split_stages;
 
 constexpr int kWarps = sc::kThreads / 32;
-
-// `stages` steps of each of `tiles` blocks' weight-gradient tiles, split
-// into slices so that tiles * slices blocks fill the GPU `waves` times;
-// each slice sums into its own row of `partial` (grad_w itself when there
-// is one slice). Depends only on the shape and the GPU: results are
-// reproducible.
-struct Split {
-  int per_slice, slices;
-  at::Tensor partial;
-};
-
-Split split_stages(int64_t tiles, int64_t stages, int waves, const at::Tensor& grad_w,
-                   int64_t numel) {
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t want = ceil_div(int64_t(waves) * sms, tiles);
-  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>({want, stages, kMaxGridYZ}));
-  Split sp;
-  sp.per_slice = static_cast<int>(ceil_div(stages, slices));
-  sp.slices = static_cast<int>(ceil_div(stages, sp.per_slice));
-  sp.partial = sp.slices == 1 ? grad_w : at::empty({sp.slices, numel}, grad_w.options());
-  return sp;
-}
 
 // ---- narrow -------------------------------------------------------------
 

@@ -1,0 +1,421 @@
+// wgrad for few input channels per group and many output channels (RGB
+// stems) on TF32 tensor cores (mma.sync, sm_80+): TF32 in TF32 mode, 3xTF32
+// in IEEE mode. The FFMA wide kernel (wgrad_small_channels.cu) tops out near
+// a quarter of the FFMA peak, while this GEMM's operands are few bytes per
+// product: the stem's 7.55 GFLOP take 15 us at the TF32 peak, 45 us in
+// 3xTF32, against 45 us to read its 122 MB once.
+//
+// GEMM view per group: M = Cout/groups (64-channel tiles), N = Cin/groups *
+// KH * KW (the (input channel, tap) columns), K = N*Ho*Wo output pixels, split
+// into slices of output tiles over blocks and summed in slice order.
+//
+// Per stage (one output row x 64 columns of one image) a block copies the
+// grad_output tile [channel][pixel] and the group's input halo into a raw
+// buffer while the previous stage computes; the threads then round it to
+// TF32 in place, or split it into a big part (in place) and a small part
+// (its own buffer), once per stage instead of once per warp that reads it.
+// A, grad_output, comes by ldmatrix (a 16 x 8 fragment per instruction);
+// B, the input at each column's (channel, tap) offset and each pixel's
+// column times the stride, by 4-byte shared loads: a gather no 16-byte
+// layout serves.
+//
+// A warp owns all 64 rows of M and up to kWarpN n8 tiles; where the group
+// has fewer columns than the warps, warps split the stage's k8 steps too,
+// and their sums meet in warp order at the end. Accuracy: the tensor cores
+// truncate as they accumulate, so IEEE mode restarts a temporary every
+// kStepsPerTemp k8 steps and adds it to the accumulators with FADDs.
+//
+// Pixels past the output's right edge have zero grad_output, but the input
+// they reach may hold Inf or NaN that no real product meets: B is zeroed
+// there (0 * Inf would be NaN).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include <algorithm>
+
+#include "../plan.h"
+#include "mma.cuh"
+#include "small_channels.cuh"
+#include "small_channels.h"
+#include "split_reduce.cuh"
+#include "tensor_map.h"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace sc = conv2d_ext::small_channels;
+using small_channels::HaloCols;
+
+constexpr int kBlock = sc::kThreads;
+constexpr int kWarps = kBlock / 32;
+constexpr int kWarpN = sc::kWgradTcWarpN;
+constexpr int kMTiles = sc::kWgradTcCo / 16;
+constexpr int kStepsPerTemp = 2;           // 3xTF32: six products per temporary
+
+// How a block's n8 tiles and a stage's k8 steps fall to its warps.
+struct WarpShare {
+  int n0, nt;  // first n8 tile (in the block's part) and how many, at most kWarpN
+  int k, kw;   // this warp takes the stage's k8 steps k, k + kw, ...
+};
+
+__device__ __forceinline__ WarpShare warp_share(int part_tiles, int warp) {
+  int groups = (part_tiles + kWarpN - 1) / kWarpN;
+  // Whole warps per group: 3 groups spread over 4 (kWarps / 2).
+  while (kWarps % groups != 0) ++groups;
+  const int kw = kWarps / groups, grp = warp / kw;
+  WarpShare s;
+  s.n0 = grp * part_tiles / groups;
+  s.nt = (grp + 1) * part_tiles / groups - s.n0;
+  s.k = warp % kw;
+  s.kw = kw;
+  return s;
+}
+
+// grad_output's tile [channel][64 pixels] as two halves of 32 pixels (128
+// bytes a row) in the 128-byte swizzle: 16-byte chunk c of row r at chunk
+// c ^ (r % 8). The tensor-copy engine writes it so, in two boxes; ldmatrix's
+// eight rows of a matrix then fall in eight different bank groups.
+__device__ __forceinline__ int go_swizzled(int row, int col) {
+  return (col >> 5) * (sc::kWgradTcCo * 32) + row * 32 +
+         ((((col & 31) >> 2) ^ (row & 7)) << 2) + (col & 3);
+}
+
+template <bool kSplit>
+__global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
+    wgrad_tc_kernel(const __grid_constant__ CUtensorMap x_map,
+                    const __grid_constant__ CUtensorMap go_map, const ConvParams p,
+                    const float* __restrict__ grad_out, const float* __restrict__ x,
+                    float* __restrict__ partial, bool vec, bool vec_go, bool tma, int halo_rows,
+                    int pitch, int n_parts, int stages_per_slice) {
+  extern __shared__ float4 smem4[];
+  __shared__ uint64_t staged[2];
+  // The swizzle's atoms are 1024-byte aligned (the launch adds the slack).
+  float* const smem = reinterpret_cast<float*>(smem4) +
+                      ((1024 - (smem_addr(smem4) & 1023)) & 1023) / 4;
+  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
+  const int KW = p.kernel_w, taps = p.kernel_h * KW;
+  const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
+  const int sh = p.stride_h, sw = p.stride_w;
+  const int n_total = cin_g * taps;
+  const int nt_total = (n_total + 7) / 8;
+  const int nt_per_part = (nt_total + n_parts - 1) / n_parts;
+
+  // blockIdx.x -> (group, co tile, part of the n8 tiles).
+  const int co_tiles = (cout_g + sc::kWgradTcCo - 1) / sc::kWgradTcCo;
+  const int part = blockIdx.x % n_parts;
+  const int co0 = (blockIdx.x / n_parts % co_tiles) * sc::kWgradTcCo;
+  const int g = blockIdx.x / n_parts / co_tiles;
+  const int part_n0 = part * nt_per_part;
+  const int part_tiles = min(nt_per_part, nt_total - part_n0);
+  const int co_here = min(sc::kWgradTcCo, cout_g - co0);
+
+  // Buffers (floats): two raw stages, each grad_output (go_swizzled) then
+  // the halo [ci][halo_rows][pitch]; 3xTF32 adds one of small parts.
+  const int plane = halo_rows * pitch;
+  constexpr int go_floats = sc::kWgradTcCo * sc::kTileCols;
+  const int buf_floats = sc::wgrad_tc_buffer_floats(cin_g, plane);
+  auto buffer = [&](int b) { return smem + b * buf_floats; };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gq = lane >> 2, tq = lane & 3;
+  const WarpShare ws = warp_share(part_tiles, warp);
+
+  // Byte offsets: B's (channel, tap) column of each of the warp's n8 tiles
+  // for this lane (gq), and A's ldmatrix row for this lane.
+  uint32_t boff[kWarpN];
+#pragma unroll
+  for (int j = 0; j < kWarpN; ++j) {
+    const int nidx = min((part_n0 + ws.n0 + j) * 8 + gq, n_total - 1);
+    const int ci = nidx / taps, tap = nidx - ci * taps;
+    boff[j] = 4u * (go_floats + ci * plane + (tap / KW) * p.dilation_h * pitch +
+                    (tap % KW) * p.dilation_w);
+  }
+  // ldmatrix: lanes 8i..8i+7 give the rows of matrix i (rows 0-7, 8-15 at
+  // k 0-3, then at k 4-7); a row's chunk is XORed with row % 8 = lane % 8.
+  const int mat = lane >> 3;
+  const uint32_t arow = 4u * 32 * ((mat & 1) * 8 + (lane & 7));
+
+  float acc[kMTiles][kWarpN][4];
+  float tmp[kSplit ? kMTiles : 1][kSplit ? kWarpN : 1][4];
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+    for (int j = 0; j < kWarpN; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
+  auto clear_tmp = [&] {
+#pragma unroll
+    for (int i = 0; i < (kSplit ? kMTiles : 1); ++i)
+#pragma unroll
+      for (int j = 0; j < (kSplit ? kWarpN : 1); ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) tmp[i][j][r] = 0.f;
+  };
+  auto flush_tmp = [&] {
+    if constexpr (kSplit) {
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < kWarpN; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            acc[i][j][r] += tmp[i][j][r];
+            tmp[i][j][r] = 0.f;
+          }
+    }
+  };
+  clear_tmp();
+
+  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  const int ptiles = Ho * tiles_w;
+  const int total = p.batch * ptiles;
+  const int first = blockIdx.y * stages_per_slice;
+  const int last = min(first + stages_per_slice, total);
+  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
+  auto origin = [&](int s, int& n, int& oh, int& ow0) {
+    n = s / ptiles;
+    const int pt = s - n * ptiles;
+    oh = pt / tiles_w;
+    ow0 = (pt - oh * tiles_w) * sc::kTileCols;
+  };
+  small_channels::CopyRing<2> ring(staged, tma);
+  const uint32_t stage_bytes = 4u * (go_floats + cin_g * plane);
+  auto stage = [&](int s, int b) {
+    int n, oh, ow0;
+    origin(s, n, oh, ow0);
+    float* dst = buffer(b);
+    const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+    if (tma) {
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(&ring.barrier[b], stage_bytes);
+        tma_load_4d(dst, &go_map, ow0, oh, g * cout_g + co0, n, &ring.barrier[b]);
+        tma_load_4d(dst + go_floats / 2, &go_map, ow0 + 32, oh, g * cout_g + co0, n,
+                    &ring.barrier[b]);
+        tma_load_4d(dst + go_floats, &x_map, hc.first - hc.lead, oh * sh - p.pad_h, g * cin_g, n,
+                    &ring.barrier[b]);
+      }
+      return;
+    }
+    const float* go_row =
+        grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo) + oh * Wo + ow0;
+    const int64_t go_plane = int64_t(Ho) * Wo;
+    if (vec_go) {  // 16-byte chunks: whole inside or outside the row (Wo % 4 == 0)
+      for (int e = threadIdx.x; e < sc::kWgradTcCo * sc::kTileCols / 4; e += kBlock) {
+        const int row = e >> 4, col = (e & 15) * 4;
+        const bool inside = row < co_here && ow0 + col < Wo;
+        cp_async_16_or_zero(dst + go_swizzled(row, col),
+                            inside ? go_row + row * go_plane + col : grad_out, inside);
+      }
+    } else {
+      for (int e = threadIdx.x; e < sc::kWgradTcCo * sc::kTileCols; e += kBlock) {
+        const int row = e >> 6, col = e & 63;
+        const bool inside = row < co_here && ow0 + col < Wo;
+        cp_async_4(dst + go_swizzled(row, col), inside ? go_row + row * go_plane + col : grad_out,
+                   inside);
+      }
+    }
+    small_channels::stage_halo(dst + go_floats, x + plane_offset(n, p.in_channels, g * cin_g, H * W),
+                               cin_g, H, W, oh * sh - p.pad_h, halo_rows, hc, halo_cols, pitch,
+                               plane, vec);
+  };
+
+  if (first < last) stage(first, 0);
+  cp_async_commit();
+  int steps_in_temp = 0;
+  for (int s = first; s < last; ++s) {
+    const int b = (s - first) & 1;
+    if (tma) {
+      ring.wait(b);
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // stage s has landed; every warp is done with stage s - 1
+    if (s + 1 < last) stage(s + 1, b ^ 1);  // flies under this stage's work
+    cp_async_commit();
+    // Round (TF32) or split (3xTF32) the stage in place, once per block.
+    float* const buf = buffer(b);
+    const uint32_t small_bytes = 4u * (2 - b) * buf_floats;  // big -> its small part
+    {
+      float4* const v4 = reinterpret_cast<float4*>(buf);
+      [[maybe_unused]] float4* const small4 = reinterpret_cast<float4*>(smem + 2 * buf_floats);
+      for (int e = threadIdx.x; e < buf_floats / 4; e += kBlock) {
+        const float4 v = v4[e];
+        if constexpr (kSplit) {
+          uint32_t b0, b1, b2, b3, s0, s1, s2, s3;
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.x, b0, s0);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.y, b1, s1);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.z, b2, s2);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.w, b3, s3);
+          st_shared_16(v4 + e, b0, b1, b2, b3);
+          st_shared_16(small4 + e, s0, s1, s2, s3);
+        } else {
+          st_shared_16(v4 + e, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
+                       tf32_operand(v.w));
+        }
+      }
+    }
+    // The tensor-copy engine refills this buffer two stages on: order these
+    // generic-proxy writes before its (async-proxy) ones.
+    if (tma) fence_proxy_async_smem();
+    __syncthreads();
+    int n, oh, ow0;
+    origin(s, n, oh, ow0);
+    const int cols = min(sc::kTileCols, Wo - ow0);
+    const int steps = (cols + 7) / 8;
+    const uint32_t base = smem_addr(buf);
+    const uint32_t xbase = base + 4u * (small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead);
+    // The warp's step loop at a compile-time tile count: no branch per n8
+    // tile, and the products of a step issue as independent groups.
+    auto steps_of = [&](auto nt_c) {
+      constexpr int NT = decltype(nt_c)::value;
+      for (int t = ws.k; t < steps; t += ws.kw) {
+        uint32_t bb[NT][2], bs[NT][2];
+        const uint32_t xk = xbase + 4u * (t * 8 + tq) * sw;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          bb[j][0] = __float_as_uint(lds_f32(xk + boff[j]));
+          bb[j][1] = __float_as_uint(lds_f32(xk + boff[j] + 16u * sw));
+          if constexpr (kSplit) {
+            bs[j][0] = __float_as_uint(lds_f32(xk + boff[j] + small_bytes));
+            bs[j][1] = __float_as_uint(lds_f32(xk + boff[j] + 16u * sw + small_bytes));
+          }
+        }
+        const int lim = cols - t * 8;  // B rows (pixels) at or past it are zero
+        if (lim < 8) {
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            if (tq >= lim) bb[j][0] = bs[j][0] = 0u;
+            if (tq + 4 >= lim) bb[j][1] = bs[j][1] = 0u;
+          }
+        }
+        // All 64 rows of M, including channels past the group's end (their
+        // rows are never written): no branch per m16 tile.
+        // This step's 8 pixels: half t / 4, chunk 2 * (t % 4) + mat / 2.
+        const uint32_t a_step = (t >> 2) * (4u * go_floats / 2) + arow +
+                                ((((t & 3) * 2 + (mat >> 1)) ^ (lane & 7)) << 4);
+        uint32_t ab[kMTiles][4];
+        [[maybe_unused]] uint32_t as[kSplit ? kMTiles : 1][4];
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i) {
+          const uint32_t a_addr = base + a_step + i * (4u * 16 * 32);
+          ldmatrix_x4(ab[i], a_addr);
+          if constexpr (kSplit) ldmatrix_x4(as[i], a_addr + small_bytes);
+        }
+        if constexpr (kSplit) {
+          // Small products first, each pass over every tile before the
+          // next: a tile's three products depend on each other.
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma_tf32(tmp[i][j], as[i], bb[j]);
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma_tf32(tmp[i][j], ab[i], bs[j]);
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma_tf32(tmp[i][j], ab[i], bb[j]);
+          if (++steps_in_temp == kStepsPerTemp) {
+            flush_tmp();
+            steps_in_temp = 0;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma_tf32(acc[i][j], ab[i], bb[j]);
+        }
+      }
+    };
+    switch (ws.nt) {
+      case 1: steps_of(Int<1>{}); break;
+      case 2: steps_of(Int<2>{}); break;
+      default: steps_of(Int<kWarpN>{}); break;
+    }
+  }
+  flush_tmp();
+
+  // Warps that split the k8 steps meet in warp order through shared memory.
+  if (ws.kw > 1) {
+    __syncthreads();  // the last stage's operands are consumed
+    float* s_red = smem + warp * (kMTiles * kWarpN * 4 * 32);
+#pragma unroll
+    for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+      for (int j = 0; j < kWarpN; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s_red[((i * kWarpN + j) * 4 + r) * 32 + lane] = acc[i][j][r];
+    __syncthreads();
+    if (ws.k != 0) return;
+    for (int q = 1; q < ws.kw; ++q) {
+      const float* o = s_red + q * (kMTiles * kWarpN * 4 * 32);
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < kWarpN; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[i][j][r] += o[((i * kWarpN + j) * 4 + r) * 32 + lane];
+    }
+  }
+  if (ws.nt == 0) return;
+  float* out = partial + int64_t(blockIdx.y) * p.weight_numel();
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+    for (int j = 0; j < kWarpN; ++j) {
+      if (j >= ws.nt) continue;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int co = co0 + i * 16 + gq + (r >= 2 ? 8 : 0);
+        const int nidx = (part_n0 + ws.n0 + j) * 8 + 2 * tq + (r & 1);
+        // [co][ci][kh][kw] within the group is [co][nidx].
+        if (co < cout_g && nidx < n_total) {
+          out[(int64_t(g) * cout_g + co) * n_total + nidx] = acc[i][j][r];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
+                                    const at::Tensor& x, at::Tensor& grad_w, MathMode math) {
+  const bool split = math == MathMode::kIEEE;
+  TORCH_CHECK(sc::wgrad_tc_fits(p, split),
+              "conv2d_ext: internal error: small-channel tensor-core wgrad does not fit");
+  const sc::Halo h = sc::wgrad_tc_halo(p);
+  const int64_t nt_total = ceil_div(p.in_channels_per_group() * p.kernel_h * p.kernel_w, 8);
+  const int n_parts = static_cast<int>(ceil_div(nt_total, int64_t(kWarpN) * kWarps));
+  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), sc::kWgradTcCo);
+  const int64_t blocks_x = p.groups * co_tiles * n_parts;
+  const int64_t stages = p.batch * p.out_h * ceil_div(p.out_w, sc::kTileCols);
+  TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
+              "conv2d_ext: problem too large for the small-channel wgrad");
+  const small_channels::Split sp =
+      small_channels::split_stages(blocks_x, stages, split ? 1 : 2, grad_w, p.weight_numel());
+  const size_t smem = static_cast<size_t>(sc::wgrad_tc_smem_bytes(p, split));
+  const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
+  const bool vec_go = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
+  // On Hopper, the tensor-copy engine stages both (rows of a multiple of 4
+  // floats, as for 16-byte copies).
+  const bool tma = vec_go && small_channels::tma_stages(vec, h);
+  CUtensorMap x_map{}, go_map{};  // not read without tma
+  if (tma) {
+    x_map = nchw_tensor_map(x, static_cast<uint32_t>(h.pitch), static_cast<uint32_t>(h.rows),
+                            static_cast<uint32_t>(p.in_channels_per_group()), 1);
+    go_map = nchw_tensor_map(grad_out, 32, 1, sc::kWgradTcCo, 1, /*swizzle_128b=*/true);
+  }
+  auto kernel = split ? wgrad_tc_kernel<true> : wgrad_tc_kernel<false>;
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<dim3(blocks_x, sp.slices), kBlock, smem, at::cuda::getCurrentCUDAStream()>>>(
+      x_map, go_map, p, grad_out.data_ptr<float>(), x.data_ptr<float>(),
+      sp.partial.data_ptr<float>(), vec, vec_go, tma, h.rows, h.pitch, n_parts, sp.per_slice);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (sp.slices > 1) reduce_splits<float>(sp.partial, grad_w, p.weight_numel(), sp.slices);
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext
