@@ -43,6 +43,10 @@
 #   on cases 28 (one wave over whole planes) and 29 (rows of 45 floats);
 #   the strided dgrad staged by TMA with prearranged phase weights on cases
 #   30 (7x7, two groups, a partial last chunk) and 32 (dilation = stride).
+#   The few-channel wgrad on tensor cores runs on the wide cases there
+#   (13, 17, 27, 30, 32) in TF32, and in 3xTF32 on cases 13 and 30 (IEEE
+#   mode); case 17 also without the tensor-copy engine (grad_output staged
+#   into its swizzled layout by 16-byte async copies).
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -74,6 +78,10 @@ else
   for c in 0 1 3 7 13 17 24 27 28 29 30 32; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
   done
+  for c in 13 30; do
+    tests+=("tests/test_small_channels.py::test_small_channels_against_float64[ieee-cuda-case$c]")
+  done
+  tests+=("tests/test_small_channels.py::test_small_channels_without_copy_engine[tf32-case17]")
 fi
 
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
