@@ -95,8 +95,8 @@ FEW_CHANNELS = {
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("name", FEW_CHANNELS)
 def test_ieee_mode_few_channels_as_accurate_as_cudnn(name, pass_):
-    """The precision contract on the RGB layers' direct kernels, with the
-    stem's stride 2 (dgrad by phase)."""
+    """The precision contract on the RGB layers' kernels (FFMA forward and
+    dgrad, the stem's by phase; wgrad on tensor cores in 3xTF32)."""
     n, cin, h, w, cout, k, stride, pad = FEW_CHANNELS[name]
     x = torch.randn(n, cin, h, w, device="cuda")
     wt = torch.randn(cout, cin, *k, device="cuda")
