@@ -138,20 +138,8 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
 
   float acc[kMTiles][kWarpN][4];
   float tmp[kSplit ? kMTiles : 1][kSplit ? kWarpN : 1][4];
-#pragma unroll
-  for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-    for (int j = 0; j < kWarpN; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
-  auto clear_tmp = [&] {
-#pragma unroll
-    for (int i = 0; i < (kSplit ? kMTiles : 1); ++i)
-#pragma unroll
-      for (int j = 0; j < (kSplit ? kWarpN : 1); ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) tmp[i][j][r] = 0.f;
-  };
+  zero_fragments(acc);
+  zero_fragments(tmp);
   auto flush_tmp = [&] {
     if constexpr (kSplit) {
 #pragma unroll
@@ -165,7 +153,6 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
           }
     }
   };
-  clear_tmp();
 
   const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
   const int ptiles = Ho * tiles_w;
