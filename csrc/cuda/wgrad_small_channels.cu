@@ -13,6 +13,10 @@
 //   the N columns; per 2 x 64 output tile it stages grad_output transposed
 //   ([pixel][channel]) and the group's input halo, and each thread
 //   accumulates an 8 x 8 tile of M x N (8 + 8 shared reads per 64 FMAs).
+//   The plan sends wide tiles to the tensor-core kernel
+//   (wgrad_small_channels_tc.cu) and keeps them here for IEEE-mode short
+//   reductions, where FP32 products beat 3xTF32's error, and where that
+//   kernel's buffers do not fit.
 // Pixels outside the output are skipped, never multiplied by zero: an Inf
 // input next to the output's edge must not turn into NaN.
 #include <ATen/ATen.h>
