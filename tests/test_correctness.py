@@ -182,6 +182,17 @@ def test_cuda_more_images_than_grid_blocks(precision):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_wgrad_sum_chunks(precision):
+    """The strided (mma.sync) wgrad in IEEE mode stores its FP32 sums to a
+    workspace slot every 16 K tiles of a slice. 2300 K tiles over 132 SMs
+    (H100, H200) make slices of 18 tiles, two chunks each (16 + 2), and a
+    last slice of 14 tiles whose second slot holds zeros: every slot must
+    be written and summed once."""
+    case = (2, 8, 368, 1580, 64, (3, 3), 2, 1, 1, 1, False)
+    _run(case, "cuda", torch.float32)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", TENSOR_CORE, ids=[f"tc{i}" for i in range(len(TENSOR_CORE))])
 def test_cuda_mma_sync_kernels(case, precision):
     """On a Hopper GPU the forward runs on wgmma; the mma.sync kernels

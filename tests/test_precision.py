@@ -42,6 +42,13 @@ LONG = {
 }
 
 
+# The benchmark's strided ResNet layer: its wgrad runs the mma.sync kernel,
+# whose FP32 sums over a whole K slice (448 rows of 32 pixels) measured
+# 4.5e-7 against cuDNN's 4.2e-7; they are now stored every 64 rows and
+# summed in double.
+STRIDED = {"3x3_resnet_down": (64, 128, 56, 56, 256, (3, 3), 2, 1)}
+
+
 # Short wgrad reductions (N*Ho*Wo = 1024 and 2048), where the operand
 # splitting, not the accumulation, would set the error: 3xTF32 drops
 # small*small and rounds the small parts (2.5-2.7e-7 however short K is;
@@ -64,16 +71,21 @@ SHORT_K = {"1x1": (8, 256, 28, 28, 64, (1, 1), 0)}
     "name,pass_",
     [(name, p) for name in LONG for p in PASSES]
     + [(name, p) for name in SHORT_K for p in ("forward", "grad_input")]
-    + [(name, "grad_weight") for name in SHORT],
+    + [(name, "grad_weight") for name in SHORT]
+    + [(name, "grad_weight") for name in STRIDED],
 )
 def test_ieee_mode_as_accurate_as_cudnn(name, pass_):
     """The precision contract: in IEEE mode each pass's relative error
     against float64 is no worse than cuDNN's strict FP32 on the same inputs."""
-    n, cin, h, w, cout, k, pad = {**LONG, **SHORT_K, **SHORT}[name]
+    if name in STRIDED:
+        n, cin, h, w, cout, k, stride, pad = STRIDED[name]
+    else:
+        (n, cin, h, w, cout, k, pad), stride = {**LONG, **SHORT_K, **SHORT}[name], 1
     x = torch.randn(n, cin, h, w, device="cuda")
     wt = torch.randn(cout, cin, *k, device="cuda")
-    gy = torch.randn(n, cout, h + 2 * pad - k[0] + 1, w + 2 * pad - k[1] + 1, device="cuda")
-    _assert_as_accurate_as_cudnn(name, pass_, x, wt, gy, 1, pad)
+    with torch.no_grad():
+        gy = torch.randn_like(F.conv2d(x, wt, None, stride, pad))
+    _assert_as_accurate_as_cudnn(name, pass_, x, wt, gy, stride, pad)
 
 
 # RGB layers (3 input channels) run the direct FFMA kernels. Their dgrad

@@ -22,7 +22,10 @@
 // The tensor cores' accumulation truncates, so in 3xTF32 mode (which must
 // be FP32-accurate) the accumulators are added to FP32 sums in shared
 // memory and restarted after every output row of a tile (tile_config.h,
-// Layout::sum_floats).
+// Layout::sum_floats). The sums in turn are stored and restarted every few
+// K tiles (sum_chunking), each chunk into a workspace slot of its own, so
+// that no FP32 chain runs the length of a slice; the slots are summed in
+// double in a fixed order, like the slices.
 //
 // Pixels past the output's right edge have zero grad_output, but the halo
 // they read may hold Inf or NaN that no real product meets: their B values
@@ -65,7 +68,8 @@ template <TcMath kMath>
 __global__ void __launch_bounds__(cfg::kThreads, 1)
     wgrad_igemm_kernel(const ConvParams p, const float* __restrict__ go,
                        const float* __restrict__ x, float* __restrict__ partial,
-                       const cfg::Layout L, int64_t tiles_per_split) {
+                       const cfg::Layout L, int64_t tiles_per_split, int64_t tiles_per_chunk,
+                       int chunks) {
   extern __shared__ __align__(16) float smem[];
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int KW = p.kernel_w, taps = p.kernel_h * p.kernel_w;
@@ -112,9 +116,6 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
   constexpr bool kSums = kMath == TcMath::k3xTF32;
   float4* sums = reinterpret_cast<float4*>(smem + 2 * L.stage_floats) +
                  warp * L.units_per_warp * 4 * 32 + lane;
-  if (kSums) {
-    for (int i = 0; i < L.units_per_warp * 4; ++i) sums[i * 32] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
   // Adds the accumulators to the sums and restarts them: after every
   // output row of a tile, so that a chain of MMA accumulations is 4 k8
   // steps (12 MMAs) long.
@@ -242,7 +243,43 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
     }
   };
 
+  // Accumulator (j, f, e) holds output channel f*16 + gq (+8 for e >= 2)
+  // and input channel 2*tq + (e & 1) of unit j's group, at its tap.
+  auto weight_index = [&](int f, int e, int tap, int ci_unit) -> int64_t {
+    const int co = co0 + f * 16 + gq + 8 * (e >> 1);
+    const int ci = ci0 + ci_unit + 2 * tq + (e & 1);
+    if (co >= cout_g || ci >= cin_g) return -1;
+    return ((int64_t(g) * cout_g + co) * cin_g + ci) * taps + tap;
+  };
+  // 3xTF32: the sums to workspace slot `slot`. Called every few K tiles,
+  // so its loops stay rolled and recompute each unit's place: unrolled,
+  // the compiler hoisted 96 addresses out of the K loop and spilled.
+  auto store_sums = [&](int slot) {
+    float* out = partial + int64_t(slot) * p.weight_numel();
+#pragma unroll 1
+    for (int j = 0; j < L.units_per_warp; ++j) {
+      const int u = warp + cfg::kWarps * j;
+      const int tap = tap_group * L.taps + u % L.taps;
+      if (u >= L.units || tap >= taps) continue;
+#pragma unroll 1
+      for (int f = 0; f < 4; ++f) {
+        const float4 v = sums[(j * 4 + f) * 32];
+        const float vs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t i = weight_index(f, e, tap, (u / L.taps) * 8);
+          if (i >= 0) out[i] = vs[e];
+        }
+      }
+    }
+  };
+  auto clear_sums = [&] {
+    for (int i = 0; i < L.units_per_warp * 4; ++i) sums[i * 32] = make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+
+  if (kSums) clear_sums();
   if (kt_begin < kt_end) load_tile(kt_begin, 0);
+  int stored = 0;  // 3xTF32: chunks of this slice stored so far
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const int stage = static_cast<int>((kt - kt_begin) & 1);
     if (kt + 1 < kt_end) {
@@ -259,10 +296,18 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
       compute_tile(kt, stage, std::true_type{});
     }
     __syncthreads();
+    // Each thread owns its sums, so no barrier around their store.
+    if (kSums && ((kt - kt_begin + 1) % tiles_per_chunk == 0 || kt + 1 == kt_end)) {
+      store_sums(blockIdx.y * chunks + stored++);
+      clear_sums();
+    }
   }
-
-  // Accumulator (j, f, e) holds output channel f*16 + gq (+8 for e >= 2)
-  // and input channel 2*tq + (e & 1) of unit j's group, at its tap.
+  if (kSums) {
+    // A short last slice leaves chunk slots unused: zeros, which the fixed-
+    // order reduction adds like any other slot.
+    while (stored < chunks) store_sums(blockIdx.y * chunks + stored++);
+    return;
+  }
   float* out = partial + blockIdx.y * p.weight_numel();
 #pragma unroll
   for (int j = 0; j < cfg::kUnitsPerWarp; ++j) {
@@ -271,11 +316,8 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
     for (int f = 0; f < 4; ++f)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int co = co0 + f * 16 + gq + 8 * (e >> 1);
-        const int ci = ci0 + unit_ci[j] + 2 * tq + (e & 1);
-        if (co >= cout_g || ci >= cin_g) continue;
-        out[((int64_t(g) * cout_g + co) * cin_g + ci) * taps + unit_tap[j]] =
-            kSums ? reinterpret_cast<const float*>(&sums[(j * 4 + f) * 32])[e] : acc[j][f][e];
+        const int64_t i = weight_index(f, e, unit_tap[j], unit_ci[j]);
+        if (i >= 0) out[i] = acc[j][f][e];
       }
   }
 }
@@ -299,15 +341,21 @@ void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
   const int per_sm = max_blocks_per_sm(kernel, cfg::kThreads, static_cast<size_t>(L.smem_bytes));
   const KSplit k = one_wave_k_split(tiles, L.k_tiles, per_sm);
   const int64_t splits = k.splits, tiles_per_split = k.tiles_per_split;
+  const cfg::SumChunks c = math == MathMode::kIEEE
+                               ? cfg::sum_chunking(tiles_per_split, splits, p.weight_numel())
+                               : cfg::SumChunks{tiles_per_split, 1};
+  const int64_t chunks = c.chunks;
 
   auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t slots = splits * chunks;
   at::Tensor partial =
-      splits == 1 ? grad_w : at::empty({splits, p.weight_numel()}, grad_w.options());
+      slots == 1 ? grad_w : at::empty({slots, p.weight_numel()}, grad_w.options());
   kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), cfg::kThreads,
            L.smem_bytes, stream>>>(p, grad_out.data_ptr<float>(), x.data_ptr<float>(),
-                                   partial.data_ptr<float>(), L, tiles_per_split);
+                                   partial.data_ptr<float>(), L, tiles_per_split,
+                                   c.tiles_per_chunk, static_cast<int>(chunks));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (splits > 1) reduce_splits<float>(partial, grad_w, p.weight_numel(), static_cast<int>(splits));
+  if (slots > 1) reduce_splits<float>(partial, grad_w, p.weight_numel(), static_cast<int>(slots));
 }
 
 }  // namespace cuda
