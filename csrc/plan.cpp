@@ -100,6 +100,11 @@ Algo small_channel_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
       !(math == MathMode::kIEEE && short_wgrad(p))) {
     return Algo::kFewChannelsTensorCore;
   }
+  // The forward of wide tiles likewise: the FFMA kernel is issue-bound near
+  // 40% of the FFMA peak, on a GEMM whose floor is writing its output.
+  if (pass == Pass::kFprop && sc::fprop_tc_fits(p, math == MathMode::kIEEE, sm)) {
+    return Algo::kFewChannelsTensorCore;
+  }
   const bool fits = pass == Pass::kFprop   ? sc::fprop_fits(p)
                     : pass == Pass::kDgrad ? sc::dgrad_runs_as_fprop(p) || sc::dgrad_fits(p)
                                            : sc::wgrad_fits(p, sm);

@@ -27,8 +27,9 @@ enum class Algo {
   // group (float32, sm_80+), FP32-accurate in both modes:
   kDepthwise,    // 1 input and at most 4 output channels per group
   kFewChannels,  // the others (RGB stems)
-  // wgrad of few input and more than 4 output channels per group on TF32
-  // tensor cores (sm_80+): TF32, or 3xTF32 in IEEE mode.
+  // Few input channels per group on TF32 tensor cores (sm_80+): wgrad with
+  // more than 4 output channels per group, the forward with at least 32;
+  // TF32, or 3xTF32 in IEEE mode.
   kFewChannelsTensorCore,
   // dgrad at stride > 1 (float32, sm_80+): one forward per stride phase of
   // the input, each on the kernel the forward's plan picks for it.

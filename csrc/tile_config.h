@@ -784,6 +784,57 @@ inline bool wgrad_tc_fits(const ConvParams& p, bool split) {
          wgrad_tc_smem_bytes(p, split) <= kMaxSmemBytes;
 }
 
+// The forward on tensor cores for wide tiles (fprop_small_channels_tc.cu):
+// M = a 64-channel tile of output channels, K = the group's (input channel,
+// tap) pairs in k8 steps, N = the pixels of a stage, kFpropTcRows output
+// rows x 64 columns (each warp one row and 32 columns: kFpropTcWarpN n8
+// tiles). Shared memory: the weights [64][k8 steps * 8 + 4] (3xTF32: big
+// and small parts), a table of each k's halo offset, then two raw halo
+// buffers (one lands while the other computes) and, for 3xTF32, one of
+// [big, small] pairs (twice the floats); buffers start 128-byte aligned,
+// after 128 bytes of slack.
+// Channel tiles of fewer than kFpropTcMinCo of 64 channels stay on FFMA.
+constexpr int kFpropTcCo = 64;
+constexpr int kFpropTcRows = 4;
+constexpr int kFpropTcWarpN = 4;
+constexpr int kFpropTcMinCo = 32;
+inline Halo fprop_tc_halo(const ConvParams& p) {
+  return halo(kFpropTcRows, kTileCols, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
+              p.dilation_h, p.dilation_w);
+}
+struct FpropTcLayout {
+  int halo_rows, pitch;
+  int k_steps;       // k8 steps over the group's (input channel, tap) pairs
+  int weight_pitch;  // 4 mod 8 floats: an ldmatrix's 8 rows in 8 bank groups
+  int weight_floats, table_floats, buffer_floats;
+  int64_t smem_bytes;  // INT64_MAX where a halo is too large to stage
+};
+inline FpropTcLayout fprop_tc_layout(const ConvParams& p, bool split) {
+  FpropTcLayout l{};
+  l.smem_bytes = INT64_MAX;
+  const Halo h = fprop_tc_halo(p);
+  if (h.floats > kMaxSmemBytes) return l;
+  const int64_t k_steps = (p.in_channels_per_group() * p.kernel_h * p.kernel_w + 7) / 8;
+  if (k_steps * 8 * kFpropTcCo > kMaxSmemBytes) return l;  // weights too large to stage
+  l.halo_rows = h.rows;
+  l.pitch = h.pitch;
+  l.k_steps = static_cast<int>(k_steps);
+  l.weight_pitch = l.k_steps * 8 + 4;
+  l.weight_floats = static_cast<int>(aligned_floats(int64_t(kFpropTcCo) * l.weight_pitch));
+  l.table_floats = static_cast<int>(aligned_floats(k_steps * 8));
+  l.buffer_floats = static_cast<int>(aligned_floats(p.in_channels_per_group() * h.floats));
+  l.smem_bytes = 128 + 4 * ((split ? 2 : 1) * int64_t(l.weight_floats) + l.table_floats +
+                            (split ? 4 : 2) * int64_t(l.buffer_floats));
+  return l;
+}
+inline bool fprop_tc_fits(const ConvParams& p, bool split, int sm) {
+  const int64_t co_tiles = (p.out_channels_per_group() + kFpropTcCo - 1) / kFpropTcCo;
+  return p.in_channels_per_group() <= kMaxChannels &&
+         p.out_channels_per_group() >= kFpropTcMinCo &&
+         p.groups * co_tiles <= 65535 &&  // (group, channel tile) is the grid's y
+         fprop_tc_layout(p, split).smem_bytes <= igemm_wgrad::max_block_smem_bytes(sm);
+}
+
 // dgrad runs on the forward kernel where it is a unit-stride forward that
 // fits it (depthwise: the forward's register window), else on the gather.
 inline bool dgrad_runs_as_fprop(const ConvParams& p) {

@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (42 tests):
+# Default subset (47 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -46,7 +46,11 @@
 #   The few-channel wgrad on tensor cores runs on the wide cases there
 #   (13, 17, 27, 30, 32) in TF32, and in 3xTF32 on cases 13 and 30 (IEEE
 #   mode); case 17 also without the tensor-copy engine (grad_output staged
-#   into its swizzled layout by 16-byte async copies).
+#   into its swizzled layout by 16-byte async copies). The few-channel
+#   forward on tensor cores (32 or more output channels per group) runs on
+#   cases 13, 21 and 27 in TF32 and on 13 and 21 in 3xTF32: rows of 30 and
+#   130 floats staged by 4-byte async copies, rows of 64 by the tensor-copy
+#   engine with a partial second channel tile (case 21).
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -75,10 +79,10 @@ else
   for mode in ieee tf32; do
     tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
   done
-  for c in 0 1 3 7 13 17 24 27 28 29 30 32; do
+  for c in 0 1 3 7 13 17 21 24 27 28 29 30 32; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
   done
-  for c in 13 30; do
+  for c in 13 21 30; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[ieee-cuda-case$c]")
   done
   tests+=("tests/test_small_channels.py::test_small_channels_without_copy_engine[tf32-case17]")

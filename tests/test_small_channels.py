@@ -95,11 +95,13 @@ def _geometry(case):
 def _expected_kernel(case, pass_):
     """The suite keeps IEEE-mode wgrad of short reductions on tensor cores
     (conftest.py), so wide tiles' wgrad runs the tensor-core kernel in both
-    modes here."""
+    modes here; the forward does from 32 output channels per group."""
     _, cin, _, _, cout, _, _, _, _, groups, _ = case
     if cin // groups == 1 and cout // groups <= 4:
         return "depthwise"
     if pass_ == "backward_weight" and _wide(case):
+        return "few_channels_tc"
+    if pass_ == "forward" and cout // groups >= 32:
         return "few_channels_tc"
     return "few_channels"
 
@@ -186,7 +188,7 @@ def test_small_channel_cases_reach_their_kernels(precision):
     the depthwise kernel (one input channel and at most four output channels
     per group) or the few-channel kernel (at most 4 input channels per
     group), in both precision modes; wgrad with more than 4 output channels
-    per group, the tensor-core one."""
+    per group and the forward with at least 32, the tensor-core ones."""
     for case in CASES + REPRODUCIBLE:
         n, cin, h, w, cout, k, _, _, _, groups, _ = case
         x = torch.empty(n, cin, h, w, device="cuda")

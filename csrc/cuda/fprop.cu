@@ -175,14 +175,17 @@ void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
       launch_fprop_small_channels(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
                                   WeightOrder::kFprop);
       return;
+    case Algo::kFewChannelsTensorCore:  // float32 only
+      launch_fprop_small_channels_tc(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
+                                     plan.math);
+      return;
     case Algo::kDirect:
       AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {
         launch_fprop_direct<scalar_t>(p, x, w, b.defined() ? b.data_ptr<scalar_t>() : nullptr,
                                       y);
       });
       return;
-    case Algo::kDgradPhases:           // a dgrad algorithm
-    case Algo::kFewChannelsTensorCore:  // a wgrad algorithm
+    case Algo::kDgradPhases:  // a dgrad algorithm
       break;
   }
   TORCH_CHECK(false, "conv2d_ext: no CUDA fprop kernel for algorithm ", to_string(plan.algo));

@@ -26,6 +26,12 @@ void launch_dgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
 void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
                                  const at::Tensor& x, at::Tensor& grad_w);
 
+// Forward of wide tiles (at least small_channels::kFpropTcMinCo output
+// channels per group) on TF32 tensor cores: TF32, or 3xTF32 in IEEE mode
+// (Algo::kFewChannelsTensorCore). bias may be null.
+void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+                                    const float* bias, at::Tensor& y, MathMode math);
+
 // wgrad of wide tiles (more than 4 output channels per group) on TF32
 // tensor cores: TF32, or 3xTF32 in IEEE mode (Algo::kFewChannelsTensorCore).
 void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,

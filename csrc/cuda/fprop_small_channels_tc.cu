@@ -1,0 +1,380 @@
+// Forward for few input channels per group and many output channels (RGB
+// stems) on TF32 tensor cores (mma.sync, sm_80+): TF32 in TF32 mode, 3xTF32
+// in IEEE mode. The FFMA wide kernel (fprop_small_channels.cu) is issue-
+// bound near 40% of the FFMA peak, while this GEMM takes the stem's 7.55
+// GFLOP in 15 us at the TF32 peak (45 us in 3xTF32): its floor is the
+// output, written once (103 MB for the stem, 268 MB for rgb_3x5).
+//
+// GEMM view per group: M = Cout/groups (64-channel tiles, one per block for
+// its whole life), K = Cin/groups * KH * KW (the (input channel, tap) pairs
+// in k8 steps), N = output pixels. A stage is 4 output rows x 64 columns of
+// one image: each warp one row and 32 columns (4 n8 tiles), all 64 rows of
+// M. Blocks stride over the stages; each stage's input halo lands in a raw
+// buffer (tensor-copy engine on Hopper, async copies elsewhere) while the
+// previous stage computes, and is then rounded to TF32 in place, or split
+// into [big, small] pairs in a buffer of its own (one 8-byte load gives
+// both), once per block.
+//
+// A, the weights, is staged once per block (rounded or split) as [channel]
+// [k] rows and read by ldmatrix. B, the input at each k's (channel, tap)
+// offset and each pixel's column times the stride, by 4-byte shared loads
+// through a table of the k offsets: a gather no 16-byte layout serves.
+//
+// A pixel's outputs depend only on its own B column, so columns past the
+// output's edge compute garbage that is never stored. K past the group's
+// pairs has zero weights but may meet Inf or NaN input (0 * Inf = NaN):
+// B is zeroed there.
+//
+// Accuracy in IEEE mode: the tensor cores truncate (round toward zero) as
+// they accumulate, by up to an ulp of the running sum. A k8 step's three
+// products go into a fresh temporary, small ones first, so that one
+// truncation per step is at the size of the big products; FADDs (rounded
+// to nearest) add the temporaries up. Two steps per temporary measured
+// 1.4e-7 on rgb_3x5 (K = 45) against cuDNN's FP32 at 1.2e-7: four such
+// truncations per temporary.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "../plan.h"
+#include "mma.cuh"
+#include "small_channels.cuh"
+#include "small_channels.h"
+#include "tensor_map.h"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace sc = conv2d_ext::small_channels;
+using small_channels::HaloCols;
+
+constexpr int kBlock = sc::kThreads;
+constexpr int kWarps = kBlock / 32;
+constexpr int kCo = sc::kFpropTcCo;
+constexpr int kMTiles = kCo / 16;
+constexpr int kNT = sc::kFpropTcWarpN;
+constexpr int kRows = sc::kFpropTcRows;
+static_assert(kWarps == 2 * kRows && 2 * 8 * kNT == sc::kTileCols,
+              "two warps a row, 32 columns each");
+
+// kSW: the column stride at compile time (n8 tiles' loads then differ by
+// immediate offsets), or 0 for any.
+template <bool kSplit, int kSW>
+__global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
+    fprop_tc_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
+                    const float* __restrict__ x, const float* __restrict__ w,
+                    const float* __restrict__ bias, float* __restrict__ y,
+                    const sc::FpropTcLayout L, bool vec, bool tma, bool vec_out) {
+  extern __shared__ float4 smem4[];
+  __shared__ uint64_t staged[2];
+  // The tensor-copy engine writes 128-byte aligned boxes (the launch adds
+  // the slack).
+  float* const smem = reinterpret_cast<float*>(smem4) +
+                      ((128 - (smem_addr(smem4) & 127)) & 127) / 4;
+  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
+  const int KW = p.kernel_w, taps = p.kernel_h * KW;
+  const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
+  const int sh = p.stride_h, sw = kSW > 0 ? kSW : p.stride_w;
+  const int n_total = cin_g * taps;
+  const int pitch = L.pitch, plane = L.halo_rows * pitch, wpitch = L.weight_pitch;
+
+  // blockIdx.y -> (group, channel tile); blockIdx.x strides over stages.
+  const int co_tiles = (cout_g + kCo - 1) / kCo;
+  const int co0 = (blockIdx.y % co_tiles) * kCo;
+  const int g = blockIdx.y / co_tiles;
+  const int co_here = min(kCo, cout_g - co0);
+
+  // Shared memory (floats): weights (big, then small for 3xTF32), the k
+  // offset table, two raw halo buffers, 3xTF32's split one (twice as large).
+  float* const w_big = smem;
+  [[maybe_unused]] float* const w_small = smem + L.weight_floats;
+  int* const k_table = reinterpret_cast<int*>(smem + (kSplit ? 2 : 1) * L.weight_floats);
+  float* const buf0 = smem + (kSplit ? 2 : 1) * L.weight_floats + L.table_floats;
+  auto buffer = [&](int b) { return buf0 + b * L.buffer_floats; };
+  [[maybe_unused]] float* const split_buf = buffer(2);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gq = lane >> 2, tq = lane & 3;
+
+  // The weights [co][k] of this channel tile, zero past the group's
+  // channels and pairs; then each k's offset in a halo buffer, laid out so
+  // that lane tq reads the offsets of k = 8t + tq and 8t + tq + 4 as one
+  // 8-byte word at step t.
+  const float* w_tile = w + (int64_t(g) * cout_g + co0) * n_total;
+  for (int e = threadIdx.x; e < kCo * wpitch; e += kBlock) {
+    const int co = e / wpitch, k = e - co * wpitch;
+    const float v = co < co_here && k < n_total ? w_tile[int64_t(co) * n_total + k] : 0.f;
+    if constexpr (kSplit) {
+      uint32_t big, small;
+      tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v, big, small);
+      w_big[e] = __uint_as_float(big);
+      w_small[e] = __uint_as_float(small);
+    } else {
+      w_big[e] = __uint_as_float(tf32_operand(v));
+    }
+  }
+  for (int k = threadIdx.x; k < L.k_steps * 8; k += kBlock) {
+    int off = 0;
+    if (k < n_total) {
+      const int ci = k / taps, tap = k - ci * taps;
+      off = ci * plane + (tap / KW) * p.dilation_h * pitch + (tap % KW) * p.dilation_w;
+    }
+    k_table[(k >> 3) * 8 + (k & 3) * 2 + ((k >> 2) & 1)] = off;
+  }
+  // This thread's output channels: i * 16 + gq, and 8 more.
+  float bias_v[kMTiles][2];
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int co = i * 16 + gq + 8 * h;
+      bias_v[i][h] = bias != nullptr && co < co_here ? bias[g * cout_g + co0 + co] : 0.f;
+    }
+
+  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  const int per_image = (Ho + kRows - 1) / kRows * tiles_w;
+  const int total = p.batch * per_image;
+  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
+  auto origin = [&](int s, int& n, int& oh0, int& ow0) {
+    n = s / per_image;
+    const int t = s - n * per_image;
+    oh0 = t / tiles_w * kRows;
+    ow0 = (t - t / tiles_w * tiles_w) * sc::kTileCols;
+  };
+  small_channels::CopyRing<2> ring(staged, tma);
+  const uint32_t stage_bytes = 4u * cin_g * plane;
+  auto stage = [&](int s, int b) {
+    int n, oh0, ow0;
+    origin(s, n, oh0, ow0);
+    float* dst = buffer(b);
+    const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+    if (tma) {
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(&ring.barrier[b], stage_bytes);
+        tma_load_4d(dst, &x_map, hc.first - hc.lead, oh0 * sh - p.pad_h, g * cin_g, n,
+                    &ring.barrier[b]);
+      }
+      return;
+    }
+    small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g, H * W), cin_g,
+                               H, W, oh0 * sh - p.pad_h, L.halo_rows, hc, halo_cols, pitch,
+                               plane, vec);
+  };
+
+  // ldmatrix: lanes 8i..8i+7 give the rows of matrix i (channels 0-7, 8-15
+  // of an m16 tile at k 0-3, then at k 4-7).
+  const int mat = lane >> 3;
+  const uint32_t a_lane =
+      smem_addr(w_big) + 4u * (((mat & 1) * 8 + (lane & 7)) * wpitch + (mat >> 1) * 4);
+  const uint32_t a_tile = 4u * 16 * wpitch;
+  [[maybe_unused]] const uint32_t a_small = 4u * L.weight_floats;
+  // Bytes per staged B element (3xTF32: a [big, small] pair), and to the
+  // next n8 tile of pixels.
+  constexpr uint32_t kElem = kSplit ? 8 : 4;
+  const uint32_t col_step = kElem * 8 * sw;
+
+  const int first = blockIdx.x, step = gridDim.x;
+  if (first < total) stage(first, 0);
+  cp_async_commit();
+  int it = 0;
+  for (int s = first; s < total; s += step, ++it) {
+    const int b = it & 1;
+    if (tma) {
+      ring.wait(b);
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // stage s has landed; every warp is done with s - step
+    if (s + step < total) stage(s + step, b ^ 1);  // flies under this stage's work
+    cp_async_commit();
+    {
+      float4* const v4 = reinterpret_cast<float4*>(buffer(b));
+      [[maybe_unused]] float4* const split4 = reinterpret_cast<float4*>(split_buf);
+      for (int e = threadIdx.x; e < L.buffer_floats / 4; e += kBlock) {
+        const float4 v = v4[e];
+        if constexpr (kSplit) {
+          uint32_t b0, b1, b2, b3, s0, s1, s2, s3;
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v.x, b0, s0);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v.y, b1, s1);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v.z, b2, s2);
+          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v.w, b3, s3);
+          st_shared_16(split4 + 2 * e, b0, s0, b1, s1);
+          st_shared_16(split4 + 2 * e + 1, b2, s2, b3, s3);
+        } else {
+          st_shared_16(v4 + e, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
+                       tf32_operand(v.w));
+        }
+      }
+    }
+    // The tensor-copy engine refills this buffer two stages on: order these
+    // generic-proxy writes before its (async-proxy) ones.
+    if (tma) fence_proxy_async_smem();
+    __syncthreads();
+
+    int n, oh0, ow0;
+    origin(s, n, oh0, ow0);
+    const int oh = oh0 + warp / 2;
+    const int c0 = ow0 + (warp & 1) * (sc::kTileCols / 2);  // the warp's first column
+    if (oh >= Ho || c0 >= Wo) continue;  // warp-uniform; no barrier before the next stage's
+    const int lead = small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead;
+    const uint32_t xb = smem_addr(kSplit ? split_buf : buffer(b)) +
+                        kElem * ((warp / 2) * sh * pitch + lead + ((warp & 1) * 32 + gq) * sw);
+
+    float acc[kMTiles][kNT][4];
+    if constexpr (!kSplit) {
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          acc[i][j][0] = acc[i][j][1] = bias_v[i][0];
+          acc[i][j][2] = acc[i][j][3] = bias_v[i][1];
+        }
+    }
+    [[maybe_unused]] float tmp[kSplit ? kMTiles : 1][kSplit ? kNT : 1][4];
+
+    // One k8 step; 3xTF32's first starts the accumulators at the bias.
+    auto k_step = [&](int t, auto first_c) {
+      [[maybe_unused]] constexpr bool kFirst = decltype(first_c)::value;
+      const int2 ko = reinterpret_cast<const int2*>(k_table)[t * 4 + tq];
+      const uint32_t b0 = xb + kElem * ko.x, b1 = xb + kElem * ko.y;
+      uint32_t bb[kNT][2];
+      [[maybe_unused]] uint32_t bs[kSplit ? kNT : 1][2];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        if constexpr (kSplit) {
+          lds_u32x2(b0 + j * col_step, bb[j][0], bs[j][0]);
+          lds_u32x2(b1 + j * col_step, bb[j][1], bs[j][1]);
+        } else {
+          bb[j][0] = __float_as_uint(lds_f32(b0 + j * col_step));
+          bb[j][1] = __float_as_uint(lds_f32(b1 + j * col_step));
+        }
+      }
+      if (t == L.k_steps - 1) {  // K past the group's pairs: zero B
+        const bool keep0 = t * 8 + tq < n_total, keep1 = t * 8 + tq + 4 < n_total;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          if (!keep0) bb[j][0] = 0u;
+          if (!keep1) bb[j][1] = 0u;
+          if constexpr (kSplit) {
+            if (!keep0) bs[j][0] = 0u;
+            if (!keep1) bs[j][1] = 0u;
+          }
+        }
+      }
+      const uint32_t a_step = a_lane + 32u * t;
+      uint32_t ab[kMTiles][4];
+      [[maybe_unused]] uint32_t as[kSplit ? kMTiles : 1][4];
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i) {
+        ldmatrix_x4(ab[i], a_step + i * a_tile);
+        if constexpr (kSplit) ldmatrix_x4(as[i], a_step + i * a_tile + a_small);
+      }
+      if constexpr (kSplit) {
+        // Small products first, each pass over every tile before the next:
+        // a tile's three products depend on each other.
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) mma_tf32_to(tmp[i][j], as[i], bb[j]);
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) mma_tf32(tmp[i][j], ab[i], bs[j]);
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) mma_tf32(tmp[i][j], ab[i], bb[j]);
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              if constexpr (kFirst) {
+                acc[i][j][r] = bias_v[i][r >> 1] + tmp[i][j][r];
+              } else {
+                acc[i][j][r] += tmp[i][j][r];
+              }
+            }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) mma_tf32(acc[i][j], ab[i], bb[j]);
+      }
+    };
+    k_step(0, std::true_type{});
+    for (int t = 1; t < L.k_steps; ++t) k_step(t, std::false_type{});
+
+    // Accumulator (i, j, r): channel i * 16 + gq (+ 8 for r >= 2), column
+    // c0 + j * 8 + 2 * tq + (r & 1): two neighbouring columns a register pair.
+    const int64_t out_plane = int64_t(Ho) * Wo;
+    float* const y_row =
+        y + plane_offset(n, p.out_channels, g * cout_g + co0, out_plane) + int64_t(oh) * Wo;
+#pragma unroll
+    for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int co = i * 16 + gq + 8 * h;
+        if (co >= co_here) continue;
+        float* const y_co = y_row + co * out_plane;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          const int ow = c0 + j * 8 + 2 * tq;
+          if (ow >= Wo) continue;
+          const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+          if (vec_out) {  // Wo even: ow + 1 < Wo too
+            *reinterpret_cast<float2*>(y_co + ow) = make_float2(v0, v1);
+          } else {
+            y_co[ow] = v0;
+            if (ow + 1 < Wo) y_co[ow + 1] = v1;
+          }
+        }
+      }
+  }
+}
+
+}  // namespace
+
+void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+                                    const float* bias, at::Tensor& y, MathMode math) {
+  const bool split = math == MathMode::kIEEE;
+  const sc::FpropTcLayout L = sc::fprop_tc_layout(p, split);
+  TORCH_CHECK(sc::fprop_tc_fits(p, split, current_sm()),
+              "conv2d_ext: internal error: small-channel tensor-core forward does not fit");
+  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), kCo);
+  const int64_t stages = p.batch * ceil_div(p.out_h, kRows) * ceil_div(p.out_w, sc::kTileCols);
+  TORCH_CHECK(stages < (int64_t(1) << 31) && p.batch < (int64_t(1) << 30),
+              "conv2d_ext: problem too large for the small-channel forward");
+  const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
+  const sc::Halo h{L.halo_rows, L.pitch, int64_t(L.halo_rows) * L.pitch};
+  const bool tma = small_channels::tma_stages(vec, h);
+  CUtensorMap x_map{};  // not read without tma
+  if (tma) {
+    x_map = nchw_tensor_map(x, static_cast<uint32_t>(L.pitch), static_cast<uint32_t>(L.halo_rows),
+                            static_cast<uint32_t>(p.in_channels_per_group()), 1);
+  }
+  const bool vec_out = p.out_w % 2 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 8 == 0;
+  auto kernel = [&] {
+    auto pick = [&](auto sw) {
+      constexpr int kSW = decltype(sw)::value;
+      return split ? fprop_tc_kernel<true, kSW> : fprop_tc_kernel<false, kSW>;
+    };
+    return p.stride_w == 1 ? pick(Int<1>{}) : p.stride_w == 2 ? pick(Int<2>{}) : pick(Int<0>{});
+  }();
+  const size_t smem = static_cast<size_t>(L.smem_bytes);
+  ensure_dynamic_smem(kernel, smem);
+  // One wave of blocks over the channel tiles, each striding over stages.
+  const int64_t tiles = p.groups * co_tiles;
+  const int64_t slots = int64_t(max_blocks_per_sm(kernel, kBlock, smem)) *
+                        at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t blocks_x = std::max<int64_t>(1, std::min(stages, ceil_div(slots, tiles)));
+  kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(tiles)), kBlock, smem,
+           at::cuda::getCurrentCUDAStream()>>>(x_map, p, x.data_ptr<float>(),
+                                               w.data_ptr<float>(), bias, y.data_ptr<float>(), L,
+                                               vec, tma, vec_out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext
