@@ -193,13 +193,10 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
       for (int e = threadIdx.x; e < L.buffer_floats / 4; e += kBlock) {
         const float4 v = v4[e];
         if constexpr (kSplit) {
-          uint32_t b0, b1, b2, b3, s0, s1, s2, s3;
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v.x, b0, s0);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v.y, b1, s1);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v.z, b2, s2);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v.w, b3, s3);
-          st_shared_16(split4 + 2 * e, b0, s0, b1, s1);
-          st_shared_16(split4 + 2 * e + 1, b2, s2, b3, s3);
+          uint32_t big[4], small[4];
+          tf32_split4</*kRoundBig=*/true, /*kRoundSmall=*/true>(v, big, small);
+          st_shared_16(split4 + 2 * e, big[0], small[0], big[1], small[1]);
+          st_shared_16(split4 + 2 * e + 1, big[2], small[2], big[3], small[3]);
         } else {
           st_shared_16(v4 + e, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
                        tf32_operand(v.w));
@@ -270,20 +267,7 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
         if constexpr (kSplit) ldmatrix_x4(as[i], a_step + i * a_tile + a_small);
       }
       if constexpr (kSplit) {
-        // Small products first, each pass over every tile before the next:
-        // a tile's three products depend on each other.
-#pragma unroll
-        for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) mma_tf32_to(tmp[i][j], as[i], bb[j]);
-#pragma unroll
-        for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) mma_tf32(tmp[i][j], ab[i], bs[j]);
-#pragma unroll
-        for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) mma_tf32(tmp[i][j], ab[i], bb[j]);
+        mma_3xtf32</*kFresh=*/true, kNT>(tmp, ab, as, bb, bs);
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i)
 #pragma unroll

@@ -57,6 +57,15 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& sma
   small = kRoundSmall ? tf32_operand(rest) : __float_as_uint(rest);
 }
 
+// tf32_split of a 16-byte piece of a staged tile.
+template <bool kRoundBig, bool kRoundSmall>
+__device__ __forceinline__ void tf32_split4(float4 v, uint32_t (&big)[4], uint32_t (&small)[4]) {
+  tf32_split<kRoundBig, kRoundSmall>(v.x, big[0], small[0]);
+  tf32_split<kRoundBig, kRoundSmall>(v.y, big[1], small[1]);
+  tf32_split<kRoundBig, kRoundSmall>(v.z, big[2], small[2]);
+  tf32_split<kRoundBig, kRoundSmall>(v.w, big[3], small[3]);
+}
+
 // D += A * B for one m16n8k8 TF32 tile (A row-major 16x8, B column-major
 // 8x8, FP32 accumulators), fragments as the PTX ISA lays them out. Not
 // volatile: a function of its registers, which the compiler may schedule
@@ -88,6 +97,37 @@ __device__ __forceinline__ void mma_tf32_to(float (&d)[4], const uint32_t (&a)[4
 #else
   __trap();  // the plan never picks tensor-core kernels below sm_80
 #endif
+}
+
+// One 3xTF32 k8 step over MT x NT tiles (NT of d's first NTMAX): small
+// products first, each pass over every tile before the next, since a
+// tile's three products depend on each other; the big one last, so that
+// the tensor cores' truncation at the big products' size happens once.
+// kFresh: the first product starts each tile from zero.
+template <bool kFresh, int NT, int MT, int NTMAX>
+__device__ __forceinline__ void mma_3xtf32(float (&d)[MT][NTMAX][4], const uint32_t (&a_big)[MT][4],
+                                           const uint32_t (&a_small)[MT][4],
+                                           const uint32_t (&b_big)[NT][2],
+                                           const uint32_t (&b_small)[NT][2]) {
+  static_assert(NT <= NTMAX, "tiles past the accumulators");
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      if constexpr (kFresh) {
+        mma_tf32_to(d[i][j], a_small[i], b_big[j]);
+      } else {
+        mma_tf32(d[i][j], a_small[i], b_big[j]);
+      }
+    }
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) mma_tf32(d[i][j], a_big[i], b_small[j]);
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) mma_tf32(d[i][j], a_big[i], b_big[j]);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

@@ -229,13 +229,10 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
       for (int e = threadIdx.x; e < buf_floats / 4; e += kBlock) {
         const float4 v = v4[e];
         if constexpr (kSplit) {
-          uint32_t b0, b1, b2, b3, s0, s1, s2, s3;
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.x, b0, s0);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.y, b1, s1);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.z, b2, s2);
-          tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(v.w, b3, s3);
-          st_shared_16(v4 + e, b0, b1, b2, b3);
-          st_shared_16(small4 + e, s0, s1, s2, s3);
+          uint32_t big[4], small[4];
+          tf32_split4</*kRoundBig=*/true, /*kRoundSmall=*/false>(v, big, small);
+          st_shared_16(v4 + e, big[0], big[1], big[2], big[3]);
+          st_shared_16(small4 + e, small[0], small[1], small[2], small[3]);
         } else {
           st_shared_16(v4 + e, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
                        tf32_operand(v.w));
@@ -290,20 +287,7 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
           if constexpr (kSplit) ldmatrix_x4(as[i], a_addr + small_bytes);
         }
         if constexpr (kSplit) {
-          // Small products first, each pass over every tile before the
-          // next: a tile's three products depend on each other.
-#pragma unroll
-          for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma_tf32(tmp[i][j], as[i], bb[j]);
-#pragma unroll
-          for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma_tf32(tmp[i][j], ab[i], bs[j]);
-#pragma unroll
-          for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma_tf32(tmp[i][j], ab[i], bb[j]);
+          mma_3xtf32</*kFresh=*/false, NT>(tmp, ab, as, bb, bs);
           if (++steps_in_temp == kStepsPerTemp) {
             flush_tmp();
             steps_in_temp = 0;
