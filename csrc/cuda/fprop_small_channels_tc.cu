@@ -187,26 +187,10 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     __syncthreads();  // stage s has landed; every warp is done with s - step
     if (s + step < total) stage(s + step, b ^ 1);  // flies under this stage's work
     cp_async_commit();
-    {
-      float4* const v4 = reinterpret_cast<float4*>(buffer(b));
-      [[maybe_unused]] float4* const split4 = reinterpret_cast<float4*>(split_buf);
-      for (int e = threadIdx.x; e < L.buffer_floats / 4; e += kBlock) {
-        const float4 v = v4[e];
-        if constexpr (kSplit) {
-          uint32_t big[4], small[4];
-          tf32_split4</*kRoundBig=*/true, /*kRoundSmall=*/true>(v, big, small);
-          st_shared_16(split4 + 2 * e, big[0], small[0], big[1], small[1]);
-          st_shared_16(split4 + 2 * e + 1, big[2], small[2], big[3], small[3]);
-        } else {
-          st_shared_16(v4 + e, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
-                       tf32_operand(v.w));
-        }
-      }
-    }
-    // The tensor-copy engine refills this buffer two stages on: order these
-    // generic-proxy writes before its (async-proxy) ones.
-    if (tma) fence_proxy_async_smem();
-    __syncthreads();
+    small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kPairs,
+                                         /*kRoundSmall=*/true>(
+        reinterpret_cast<float4*>(buffer(b)), reinterpret_cast<float4*>(split_buf),
+        L.buffer_floats / 4, tma);
 
     int n, oh0, ow0;
     origin(s, n, oh0, ow0);

@@ -99,6 +99,41 @@ struct CopyRing {
   }
 };
 
+// The tensor-core kernels' operands from a staged buffer, once per block
+// instead of once per warp that reads them: `pieces` 16-byte pieces of
+// `raw`, rounded to TF32 in place, or (kSplit, 3xTF32) split into a big
+// part rounded to nearest and a small part, laid out as kLayout says.
+// Then a barrier; where the tensor-copy engine refills `raw` later (tma),
+// a proxy fence first orders these generic-proxy writes before its
+// async-proxy ones.
+enum class SplitLayout {
+  kApart,  // big in place, small at the same piece of `out` (read apart)
+  kPairs,  // [big, small] pairs in `out`, twice the floats (one 8-byte load)
+};
+template <bool kSplit, SplitLayout kLayout, bool kRoundSmall>
+__device__ __forceinline__ void tensor_core_operands(float4* raw, float4* out, int pieces,
+                                                     bool tma) {
+  for (int e = threadIdx.x; e < pieces; e += kThreads) {
+    const float4 v = raw[e];
+    if constexpr (kSplit) {
+      uint32_t big[4], small[4];
+      tf32_split4</*kRoundBig=*/true, kRoundSmall>(v, big, small);
+      if constexpr (kLayout == SplitLayout::kPairs) {
+        st_shared_16(out + 2 * e, big[0], small[0], big[1], small[1]);
+        st_shared_16(out + 2 * e + 1, big[2], small[2], big[3], small[3]);
+      } else {
+        st_shared_16(raw + e, big[0], big[1], big[2], big[3]);
+        st_shared_16(out + e, small[0], small[1], small[2], small[3]);
+      }
+    } else {
+      st_shared_16(raw + e, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
+                   tf32_operand(v.w));
+    }
+  }
+  if (tma) fence_proxy_async_smem();
+  __syncthreads();
+}
+
 // Calls fn(Int<kCo>{}) for a narrow tile's output channels per group (1 to
 // kNarrowMaxCo): the tiles hold exactly the group's channels.
 template <typename Fn>

@@ -223,26 +223,12 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     // Round (TF32) or split (3xTF32) the stage in place, once per block.
     float* const buf = buffer(b);
     const uint32_t small_bytes = 4u * (2 - b) * buf_floats;  // big -> its small part
-    {
-      float4* const v4 = reinterpret_cast<float4*>(buf);
-      [[maybe_unused]] float4* const small4 = reinterpret_cast<float4*>(smem + 2 * buf_floats);
-      for (int e = threadIdx.x; e < buf_floats / 4; e += kBlock) {
-        const float4 v = v4[e];
-        if constexpr (kSplit) {
-          uint32_t big[4], small[4];
-          tf32_split4</*kRoundBig=*/true, /*kRoundSmall=*/false>(v, big, small);
-          st_shared_16(v4 + e, big[0], big[1], big[2], big[3]);
-          st_shared_16(small4 + e, small[0], small[1], small[2], small[3]);
-        } else {
-          st_shared_16(v4 + e, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
-                       tf32_operand(v.w));
-        }
-      }
-    }
-    // The tensor-copy engine refills this buffer two stages on: order these
-    // generic-proxy writes before its (async-proxy) ones.
-    if (tma) fence_proxy_async_smem();
-    __syncthreads();
+    // Small parts are left to the tensor cores' truncation: two
+    // instructions fewer (mma.cuh has the error bounds).
+    small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kApart,
+                                         /*kRoundSmall=*/false>(
+        reinterpret_cast<float4*>(buf), reinterpret_cast<float4*>(smem + 2 * buf_floats),
+        buf_floats / 4, tma);
     int n, oh, ow0;
     origin(s, n, oh, ow0);
     const int cols = min(sc::kTileCols, Wo - ow0);
