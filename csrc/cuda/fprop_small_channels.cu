@@ -206,10 +206,6 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   int buf = 0;
   int staged_ct = -1, staged_g = -1;  // wide: the channel tile whose weights s_wide_w holds
   for (Item it = radix.item(blockIdx.x); it.n < batch; radix.advance(it, step)) {
-    // Refills the buffer consumed in the previous iteration (barrier at
-    // its end).
-    if (ahead.n < batch) stage(ahead, (buf + kStages - 1) % kStages);
-    radix.advance(ahead, step);
     const int g = it.g;
     const int co0 = it.ct * kCoTile;
     if constexpr (!kRingWeights) {
@@ -219,10 +215,16 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
         copy_weights(it, s_wide_w, std::false_type{});
       }
     }
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
+    cp_async_wait<kStages - 2>();  // this item's group; the kStages - 2 after it may fly
     if (tma) ring.wait(buf);
     __syncthreads();  // every thread's copies; a new channel tile's weights
+    // Refills the buffer the previous item consumed: every thread is past
+    // it (the barrier above), so no barrier ends an item and warps drift
+    // apart by up to an item instead of waiting for the block's slowest
+    // twice per item.
+    if (ahead.n < batch) stage(ahead, (buf + kStages - 1) % kStages);
+    cp_async_commit();  // even when empty: the wait above counts groups
+    radix.advance(ahead, step);
     const float* s_x = s_buf + buf * buf_floats;
     const float* s_w = kRingWeights ? s_x + halo_floats : s_wide_w;
     const float* s_bias = s_w + w_floats - kCoTile;
@@ -338,7 +340,8 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
         }
       }
     }
-    __syncthreads();  // this buffer is consumed before it is refilled
+    // Wide tiles rewrite their weights before the next item's barrier.
+    if constexpr (!kRingWeights) __syncthreads();
     buf = (buf + 1) % kStages;
   }
 }
