@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
                                 const float* __restrict__ x, const float* __restrict__ w,
                                 const float* __restrict__ bias, float* __restrict__ y,
                                 WeightOrder order, bool vec, bool tma, int halo_rows,
-                                int pitch) {
+                                int pitch, int narrow_cols) {
   constexpr int kRowGroups = sc::kSlots / kCoGroups;
   constexpr int kTileRows = kRows * kRowGroups;
   constexpr int kCoTile = kCo * kCoGroups;
@@ -124,8 +124,15 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * dw + 1;
 
-  const int col = threadIdx.x % sc::kTileCols;
-  const int slot = threadIdx.x / sc::kTileCols;  // warp-uniform
+  // A slot's threads: one per column of the tile, kTileCols, or for narrow
+  // tiles of planes narrower than that, the plane's width (narrow_cols), so
+  // that no thread computes columns past the edge (dw_5x5's 56 of 64 spent
+  // an eighth of its multiply-adds on them). Slots then straddle warps,
+  // which only wide tiles' channel groups (cg) would mind.
+  const int slot_cols = kCoGroups == 1 ? narrow_cols : sc::kTileCols;
+  const int threads = sc::kSlots * slot_cols;
+  const int col = threadIdx.x % slot_cols;
+  const int slot = threadIdx.x / slot_cols;  // warp-uniform for wide tiles
   const int rg = slot % kRowGroups, cg = slot / kRowGroups;
   const int r0 = rg * kRows;  // first tile row of this thread
   const bool unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
@@ -156,7 +163,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   // (fprop_weight_floats), zeros past the group's channels or without bias.
   auto copy_weights = [&](const Item& it, float* dst, auto async) {
     const int co0 = it.ct * kCoTile;
-    for (int k = threadIdx.x; k < w_floats; k += sc::kThreads) {
+    for (int k = threadIdx.x; k < w_floats; k += threads) {
       int64_t i;
       const float* src;
       if (k < w_floats - kCoTile) {
@@ -192,7 +199,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
     }
     small_channels::stage_halo(dst, x + plane_offset(it.n, p.in_channels, g * cin_g, H * W),
                                cin_g, H, W, ih0, halo_rows, hc, halo_cols, pitch,
-                               halo_rows * pitch, vec);
+                               halo_rows * pitch, vec, threads);
   };
   // Groups are committed even when empty, so that the wait below counts
   // kStages - 1 groups younger than the current item's.
@@ -359,11 +366,14 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   // keep it in an int (checked at the entry).
   constexpr int64_t kMaxBlocks = int64_t(1) << 30;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  // Narrow tiles of planes narrower than a tile: a thread per column.
+  const int narrow_cols = static_cast<int>(std::min<int64_t>(p.out_w, sc::kTileCols));
+  const int threads = kCoGroups == 1 ? sc::kSlots * narrow_cols : sc::kThreads;
   auto run = [&](auto kernel) {
     ensure_dynamic_smem(kernel, smem);
     int64_t blocks = 0;
     if (kCoGroups > 1 || tiles == 1) {  // one wave of resident blocks
-      const int per_sm = max_blocks_per_sm(kernel, sc::kThreads, smem);
+      const int per_sm = max_blocks_per_sm(kernel, threads, smem);
       blocks = std::min({items, int64_t(std::max(per_sm, 1)) * sms, kMaxBlocks});
     } else {
       // Narrow tiles of larger planes: every (tile, channel tile) pair,
@@ -371,9 +381,8 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
       const int64_t images = std::min(p.batch, ceil_div(8 * int64_t(sms), tiles * channel_tiles));
       blocks = std::min(tiles * channel_tiles * images, kMaxBlocks);
     }
-    kernel<<<static_cast<unsigned>(blocks), sc::kThreads, smem,
-             at::cuda::getCurrentCUDAStream()>>>(x_map, p, x, w, bias, y, order, vec, tma,
-                                                 h.rows, h.pitch);
+    kernel<<<static_cast<unsigned>(blocks), threads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        x_map, p, x, w, bias, y, order, vec, tma, h.rows, h.pitch, narrow_cols);
   };
   static_assert(sc::kFpropStages == 3, "one instantiation per stage count");
   if (sc::fprop_stages(p) == 3) {

@@ -39,16 +39,17 @@ __device__ __forceinline__ HaloCols halo_cols(int first, bool vec) {
 // [row0, row0 + rows) and columns [first, first + cols) of each, zeros
 // outside the image. 16-byte copies when `vec` (W % 4 == 0 and a 16-byte
 // aligned base, so a 4-aligned group of columns lies wholly inside or
-// outside a row); the caller commits and waits.
+// outside a row); the block's `threads` threads share the copies; the
+// caller commits and waits.
 template <int kWidth>  // floats per copy: 4 or 1
 __device__ __forceinline__ void stage_halo_by(float* dst, const float* src, int planes, int H,
                                               int W, int row0, int rows, HaloCols hc, int cols,
-                                              int pitch, int plane_stride) {
+                                              int pitch, int plane_stride, int threads) {
   const int64_t plane = int64_t(H) * W;
   const int c0 = hc.first - hc.lead;  // 4-aligned for 16-byte copies
   const int copies = (hc.lead + cols + kWidth - 1) / kWidth;
   const int per_plane = rows * copies;
-  for (int i = threadIdx.x; i < planes * per_plane; i += kThreads) {
+  for (int i = threadIdx.x; i < planes * per_plane; i += threads) {
     const int pl = i / per_plane;
     const int rem = i - pl * per_plane;
     const int r = rem / copies;
@@ -67,11 +68,12 @@ __device__ __forceinline__ void stage_halo_by(float* dst, const float* src, int 
 
 __device__ __forceinline__ void stage_halo(float* dst, const float* src, int planes, int H,
                                            int W, int row0, int rows, HaloCols hc, int cols,
-                                           int pitch, int plane_stride, bool vec) {
+                                           int pitch, int plane_stride, bool vec,
+                                           int threads = kThreads) {
   if (vec) {
-    stage_halo_by<4>(dst, src, planes, H, W, row0, rows, hc, cols, pitch, plane_stride);
+    stage_halo_by<4>(dst, src, planes, H, W, row0, rows, hc, cols, pitch, plane_stride, threads);
   } else {
-    stage_halo_by<1>(dst, src, planes, H, W, row0, rows, hc, cols, pitch, plane_stride);
+    stage_halo_by<1>(dst, src, planes, H, W, row0, rows, hc, cols, pitch, plane_stride, threads);
   }
 }
 
