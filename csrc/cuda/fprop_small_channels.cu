@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
                                 const float* __restrict__ x, const float* __restrict__ w,
                                 const float* __restrict__ bias, float* __restrict__ y,
                                 WeightOrder order, bool vec, bool tma, int halo_rows,
-                                int pitch, int narrow_cols) {
+                                int pitch) {
   constexpr int kRowGroups = sc::kSlots / kCoGroups;
   constexpr int kTileRows = kRows * kRowGroups;
   constexpr int kCoTile = kCo * kCoGroups;
@@ -125,12 +125,12 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * dw + 1;
 
   // A slot's threads: one per column of the tile, kTileCols, or for narrow
-  // tiles of planes narrower than that, the plane's width (narrow_cols), so
-  // that no thread computes columns past the edge (dw_5x5's 56 of 64 spent
-  // an eighth of its multiply-adds on them). Slots then straddle warps,
-  // which only wide tiles' channel groups (cg) would mind.
-  const int slot_cols = kCoGroups == 1 ? narrow_cols : sc::kTileCols;
-  const int threads = sc::kSlots * slot_cols;
+  // tiles of planes narrower than that, the plane's width (the launch sizes
+  // the block), so that no thread computes columns past the edge (dw_5x5's
+  // 56 of 64 spent an eighth of its multiply-adds on them). Slots then
+  // straddle warps, which only wide tiles' channel groups (cg) would mind.
+  const int threads = kCoGroups == 1 ? static_cast<int>(blockDim.x) : sc::kThreads;
+  const int slot_cols = threads / sc::kSlots;
   const int col = threadIdx.x % slot_cols;
   const int slot = threadIdx.x / slot_cols;  // warp-uniform for wide tiles
   const int rg = slot % kRowGroups, cg = slot / kRowGroups;
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
                                halo_rows * pitch, vec, threads);
   };
   // Groups are committed even when empty, so that the wait below counts
-  // kStages - 1 groups younger than the current item's.
+  // kStages - 2 groups younger than the current item's.
   Item ahead = radix.item(blockIdx.x);
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) {
@@ -367,8 +367,9 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   constexpr int64_t kMaxBlocks = int64_t(1) << 30;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   // Narrow tiles of planes narrower than a tile: a thread per column.
-  const int narrow_cols = static_cast<int>(std::min<int64_t>(p.out_w, sc::kTileCols));
-  const int threads = kCoGroups == 1 ? sc::kSlots * narrow_cols : sc::kThreads;
+  const int threads =
+      kCoGroups == 1 ? sc::kSlots * static_cast<int>(std::min<int64_t>(p.out_w, sc::kTileCols))
+                     : sc::kThreads;
   auto run = [&](auto kernel) {
     ensure_dynamic_smem(kernel, smem);
     int64_t blocks = 0;
@@ -382,7 +383,7 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
       blocks = std::min(tiles * channel_tiles * images, kMaxBlocks);
     }
     kernel<<<static_cast<unsigned>(blocks), threads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        x_map, p, x, w, bias, y, order, vec, tma, h.rows, h.pitch, narrow_cols);
+        x_map, p, x, w, bias, y, order, vec, tma, h.rows, h.pitch);
   };
   static_assert(sc::kFpropStages == 3, "one instantiation per stage count");
   if (sc::fprop_stages(p) == 3) {
