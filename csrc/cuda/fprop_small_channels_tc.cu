@@ -56,15 +56,211 @@ constexpr int kNT = sc::kFpropTcWarpN;
 constexpr int kRows = sc::kFpropTcRows;
 static_assert(kWarps == 2 * kRows && 2 * 8 * kNT == sc::kTileCols,
               "two warps a row, 32 columns each");
+// The wgmma forward's output box: 32 columns x 2 rows x 64 channels.
+constexpr int kOutBoxFloats = 32 * 2 * kCo;
+
+// One stage on Hopper's warpgroup MMA, with the GEMM turned around: M =
+// the stage's pixels (A, gathered from the halo into registers), N = the
+// 64 output channels (B, the weights in shared memory, laid out for
+// wgmma_desc_k8: [k8 step][8-channel block][k half][channel][k]). mma.sync
+// issues TF32 at half of wgmma's rate on Hopper, which left 3xTF32 bound by
+// its tensor work; wgmma also runs asynchronously to the FADDs that add the
+// 3xTF32 temporaries up, and to the gathers of the next step's A.
+//
+// Warpgroup wg takes output rows 2wg and 2wg + 1 (an m64 tile of 64
+// columns each); warp wq of it columns 16wq to 16wq + 15. A's rows are
+// permuted so that a thread's two rows (gq and gq + 8) are neighbouring
+// columns 2gq and 2gq + 1: its accumulators then hold column pairs of one
+// channel, stored 8 bytes at a time.
+//
+// The two m64 tiles alternate: while one's wgmmas run, the other's
+// temporary is added up and its next A gathered. A's registers and the
+// temporary are rewritten only after the wait that ends the wgmmas
+// reading them.
+template <bool kSplit, int kSW>
+__device__ __forceinline__ void fprop_stage_wgmma(
+    const ConvParams& p, const sc::FpropTcLayout& L, const int* k_table, uint32_t x_stage,
+    uint32_t w_big, const float (&bias_v)[8][2], float* __restrict__ y, int n, int g, int co0,
+    int co_here, int oh0, int ow0, int lead, bool vec_out, const CUtensorMap* y_map,
+    float* out_stage) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int wg = warp / 4, wq = warp % 4;
+  const int Ho = p.out_h, Wo = p.out_w, sh = p.stride_h, sw = kSW > 0 ? kSW : p.stride_w;
+  const int oh_a = oh0 + 2 * wg;
+  if (oh_a >= Ho) return;  // warpgroup-uniform
+  const int n_total = p.in_channels_per_group() * p.kernel_h * p.kernel_w;
+  constexpr uint32_t kElem = kSplit ? 8 : 4;  // a staged element: [big, small] for 3xTF32
+  const uint32_t xa = x_stage + kElem * ((2 * wg) * sh * L.pitch + lead + (16 * wq + 2 * gq) * sw);
+  const uint32_t row_bytes = kElem * sh * L.pitch;  // to the warpgroup's second row
+  const uint32_t col_bytes = kElem * sw;            // to A's row gq + 8: the next column
+  [[maybe_unused]] const uint32_t w_small = w_big + 4u * L.weight_floats;
+  constexpr uint32_t kStepBytes = 4 * 8 * kCo;
+
+  uint32_t ab[2][4];
+  [[maybe_unused]] uint32_t as[kSplit ? 2 : 1][4];
+  float acc[2][8][4];
+  [[maybe_unused]] float tmp[kSplit ? 2 : 1][8][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[m][j][r] = bias_v[j][r & 1];
+
+  // A of m64 tile m at k8 step t: (column 2gq, k 8t + tq), (2gq + 1, same
+  // k), then both at k + 4; zero at K past the group's pairs (Inf input
+  // times a zero weight would be NaN).
+  auto load_a = [&](int t, int m) {
+    const int2 ko = reinterpret_cast<const int2*>(k_table)[t * 4 + tq];
+    const uint32_t p0 = xa + m * row_bytes + kElem * ko.x, p1 = xa + m * row_bytes + kElem * ko.y;
+    if constexpr (kSplit) {
+      lds_u32x2(p0, ab[m][0], as[m][0]);
+      lds_u32x2(p0 + col_bytes, ab[m][1], as[m][1]);
+      lds_u32x2(p1, ab[m][2], as[m][2]);
+      lds_u32x2(p1 + col_bytes, ab[m][3], as[m][3]);
+    } else {
+      ab[m][0] = __float_as_uint(lds_f32(p0));
+      ab[m][1] = __float_as_uint(lds_f32(p0 + col_bytes));
+      ab[m][2] = __float_as_uint(lds_f32(p1));
+      ab[m][3] = __float_as_uint(lds_f32(p1 + col_bytes));
+    }
+    if (t == L.k_steps - 1) {
+      const bool keep0 = t * 8 + tq < n_total, keep1 = t * 8 + tq + 4 < n_total;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (!(i < 2 ? keep0 : keep1)) {
+          ab[m][i] = 0u;
+          if constexpr (kSplit) as[m][i] = 0u;
+        }
+      }
+    }
+  };
+  // 3xTF32: small * big, big * small, then big * big into a fresh
+  // temporary (one truncation per step at the size of the big products),
+  // added to the sums with FADDs; TF32: straight into the sums.
+  auto issue = [&](int t, int m) {
+    const uint64_t big = wgmma_desc_k8(w_big + kStepBytes * t);
+    wgmma_fence();
+    if constexpr (kSplit) {
+      const uint64_t small = wgmma_desc_k8(w_small + kStepBytes * t);
+      wgmma_m64n64k8_tf32(tmp[m], as[m], big, false);
+      wgmma_m64n64k8_tf32(tmp[m], ab[m], small, true);
+      wgmma_m64n64k8_tf32(tmp[m], ab[m], big, true);
+    } else {
+      wgmma_m64n64k8_tf32(acc[m], ab[m], big, true);
+    }
+    wgmma_commit();
+  };
+  auto add = [&](int m) {
+    if constexpr (kSplit) {
+      wgmma_fence_operands(tmp[m]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[m][j][r] += tmp[m][j][r];
+    }
+  };
+  // Steps t .. t + kSteps - 1 as a chain of groups (step, tile), tiles
+  // alternating; each group's wait retires the one two before it, and every
+  // group is retired by the end: ptxas serialises all wgmmas when one may be
+  // in flight across a loop's back edge or a branch.
+  auto steps = [&](auto count, int t) {
+    constexpr int kGroups = 2 * decltype(count)::value;
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) {
+      if (q >= 2) {
+        wgmma_wait<1>();
+        add(q & 1);
+      }
+      load_a(t + q / 2, q & 1);
+      issue(t + q / 2, q & 1);
+    }
+    wgmma_wait<1>();
+    add(0);
+    wgmma_wait<0>();
+    add(1);
+  };
+  constexpr int kStepsPerIter = 2;
+  int t = 0;
+#pragma unroll 1
+  for (; t + kStepsPerIter <= L.k_steps; t += kStepsPerIter) steps(Int<kStepsPerIter>{}, t);
+  if (t < L.k_steps) steps(Int<1>{}, t);
+  if constexpr (!kSplit) {
+    wgmma_fence_operands(acc[0]);
+    wgmma_fence_operands(acc[1]);
+  }
+
+  // Accumulator (m, j, r): row oh_a + m, channel 8j + 2tq + (r & 1),
+  // column 16wq + 2gq (+ 1 for r >= 2).
+  if (y_map != nullptr) {
+    // Through shared memory and the tensor-copy engine, which writes the
+    // warpgroup's two rows while the next stage computes. Two boxes of 32
+    // columns (128-byte rows, one per (channel, row), in the 128-byte
+    // swizzle: 16-byte chunk c of row r at c ^ (r % 8)).
+    float* const boxes = out_stage + wg * 2 * kOutBoxFloats;
+    const bool leader = threadIdx.x % 128 == 0;
+    if (leader) bulk_wait<0, /*kRead=*/true>();  // the previous stage's boxes are read
+    named_barrier_sync(1 + wg, 128);
+    const int col = 16 * (wq & 1) + 2 * gq;
+    const uint32_t box = smem_addr(boxes) + (wq >> 1) * 4 * kOutBoxFloats + (col & 3) * 4;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (8 * j + 2 * tq + h) * 2 + m;
+          sts_f32x2(box + row * 128 + (((col >> 2) ^ (row & 7)) << 4), acc[m][j][h],
+                    acc[m][j][2 + h]);
+        }
+    fence_proxy_async_smem();
+    named_barrier_sync(1 + wg, 128);
+    if (leader) {
+      const int c = g * p.out_channels_per_group() + co0;
+      tma_store_4d(y_map, boxes, ow0, oh_a, c, n);
+      tma_store_4d(y_map, boxes + kOutBoxFloats, ow0 + 32, oh_a, c, n);
+      bulk_commit();
+    }
+    return;
+  }
+  const int64_t out_plane = int64_t(Ho) * Wo;
+  const int ow = ow0 + 16 * wq + 2 * gq;
+  if (ow >= Wo) return;
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    if (oh_a + m >= Ho) continue;
+    float* const y_row = y + plane_offset(n, p.out_channels, g * p.out_channels_per_group() + co0,
+                                          out_plane) +
+                         int64_t(oh_a + m) * Wo + ow;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int co = 8 * j + 2 * tq + h;
+        if (co >= co_here) continue;
+        float* const y_co = y_row + co * out_plane;
+        const float v0 = acc[m][j][h], v1 = acc[m][j][2 + h];
+        if (vec_out) {  // Wo even: ow + 1 < Wo too
+          *reinterpret_cast<float2*>(y_co) = make_float2(v0, v1);
+        } else {
+          y_co[0] = v0;
+          if (ow + 1 < Wo) y_co[1] = v1;
+        }
+      }
+  }
+}
 
 // kSW: the column stride at compile time (n8 tiles' loads then differ by
-// immediate offsets), or 0 for any.
-template <bool kSplit, int kSW>
-__global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
-    fprop_tc_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
+// immediate offsets), or 0 for any. kWgmma: Hopper's warpgroup MMA with the
+// GEMM turned around (sm_90a code only; see fprop_stage_wgmma).
+template <bool kSplit, int kSW, bool kWgmma>
+__global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
+    fprop_tc_kernel(const __grid_constant__ CUtensorMap x_map,
+                    const __grid_constant__ CUtensorMap y_map, const ConvParams p,
                     const float* __restrict__ x, const float* __restrict__ w,
                     const float* __restrict__ bias, float* __restrict__ y,
-                    const sc::FpropTcLayout L, bool vec, bool tma, bool vec_out) {
+                    const sc::FpropTcLayout L, bool vec, bool tma, bool vec_out, bool tma_out) {
   extern __shared__ float4 smem4[];
   __shared__ uint64_t staged[2];
   // The tensor-copy engine writes 128-byte aligned boxes (the launch adds
@@ -92,6 +288,10 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
   float* const buf0 = smem + (kSplit ? 2 : 1) * L.weight_floats + L.table_floats;
   auto buffer = [&](int b) { return buf0 + b * L.buffer_floats; };
   [[maybe_unused]] float* const split_buf = buffer(2);
+  // wgmma with stores by tensor copy: each warpgroup's two output boxes, 1024-
+  // byte aligned for the swizzle (the launch adds the slack).
+  [[maybe_unused]] float* const out_stage =
+      buffer(kSplit ? 4 : 2) + ((1024 - (smem_addr(buffer(kSplit ? 4 : 2)) & 1023)) & 1023) / 4;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane >> 2, tq = lane & 3;
@@ -101,8 +301,17 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
   // that lane tq reads the offsets of k = 8t + tq and 8t + tq + 4 as one
   // 8-byte word at step t.
   const float* w_tile = w + (int64_t(g) * cout_g + co0) * n_total;
-  for (int e = threadIdx.x; e < kCo * wpitch; e += kBlock) {
-    const int co = e / wpitch, k = e - co * wpitch;
+  const int w_elems = kWgmma ? L.k_steps * 8 * kCo : kCo * wpitch;
+  for (int e = threadIdx.x; e < w_elems; e += kBlock) {
+    int co, k;
+    if constexpr (kWgmma) {  // [k8 step][8-channel block][k half][channel (8)][k (4)]
+      const int r = e & 511;
+      co = (r >> 6) * 8 + ((r >> 2) & 7);
+      k = (e >> 9) * 8 + ((r >> 5) & 1) * 4 + (r & 3);
+    } else {
+      co = e / wpitch;
+      k = e - co * wpitch;
+    }
     const float v = co < co_here && k < n_total ? w_tile[int64_t(co) * n_total + k] : 0.f;
     if constexpr (kSplit) {
       uint32_t big, small;
@@ -121,13 +330,16 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     }
     k_table[(k >> 3) * 8 + (k & 3) * 2 + ((k >> 2) & 1)] = off;
   }
-  // This thread's output channels: i * 16 + gq, and 8 more.
-  float bias_v[kMTiles][2];
+  if constexpr (kWgmma) fence_proxy_async_smem();  // the weights are wgmma's B
+  // This thread's output channels: mma.sync, i * 16 + gq and 8 more; wgmma,
+  // i * 8 + 2 * tq and the next.
+  constexpr int kBiasSets = kWgmma ? 8 : kMTiles;
+  float bias_v[kBiasSets][2];
 #pragma unroll
-  for (int i = 0; i < kMTiles; ++i)
+  for (int i = 0; i < kBiasSets; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int co = i * 16 + gq + 8 * h;
+      const int co = kWgmma ? i * 8 + 2 * tq + h : i * 16 + gq + 8 * h;
       bias_v[i][h] = bias != nullptr && co < co_here ? bias[g * cout_g + co0 + co] : 0.f;
     }
 
@@ -194,6 +406,13 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
 
     int n, oh0, ow0;
     origin(s, n, oh0, ow0);
+    if constexpr (kWgmma) {
+      fprop_stage_wgmma<kSplit, kSW>(p, L, k_table, smem_addr(kSplit ? split_buf : buffer(b)),
+                                     smem_addr(w_big), bias_v, y, n, g, co0, co_here, oh0, ow0,
+                                     small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead,
+                                     vec_out, tma_out ? &y_map : nullptr, out_stage);
+      continue;
+    }
     const int oh = oh0 + warp / 2;
     const int c0 = ow0 + (warp & 1) * (sc::kTileCols / 2);  // the warp's first column
     if (oh >= Ho || c0 >= Wo) continue;  // warp-uniform; no barrier before the next stage's
@@ -300,6 +519,8 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
         }
       }
   }
+  // Shared memory must outlive the reads of the last boxes.
+  if (kWgmma && tma_out && threadIdx.x % 128 == 0) bulk_wait<0, /*kRead=*/false>();
 }
 
 }  // namespace
@@ -323,14 +544,24 @@ void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, co
                             static_cast<uint32_t>(p.in_channels_per_group()), 1);
   }
   const bool vec_out = p.out_w % 2 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 8 == 0;
+  const bool wgmma = hopper_kernels(current_sm());
+  // The tensor-copy engine writes whole 64-channel boxes, clipped only at
+  // the tensor's edges, so the group's channels must be whole tiles.
+  const int64_t out_smem = 1024 + 4 * int64_t(2 * 2 * kOutBoxFloats);
+  const bool tma_out = wgmma && tma && p.out_channels_per_group() % kCo == 0 &&
+                       p.out_w % 4 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 &&
+                       L.smem_bytes + out_smem <= igemm_wgrad::max_block_smem_bytes(current_sm());
+  CUtensorMap y_map{};  // not read without tma_out
+  if (tma_out) y_map = nchw_tensor_map(y, 32, 2, kCo, 1, /*swizzle_128b=*/true);
   auto kernel = [&] {
     auto pick = [&](auto sw) {
       constexpr int kSW = decltype(sw)::value;
-      return split ? fprop_tc_kernel<true, kSW> : fprop_tc_kernel<false, kSW>;
+      if (wgmma) return split ? fprop_tc_kernel<true, kSW, true> : fprop_tc_kernel<false, kSW, true>;
+      return split ? fprop_tc_kernel<true, kSW, false> : fprop_tc_kernel<false, kSW, false>;
     };
     return p.stride_w == 1 ? pick(Int<1>{}) : p.stride_w == 2 ? pick(Int<2>{}) : pick(Int<0>{});
   }();
-  const size_t smem = static_cast<size_t>(L.smem_bytes);
+  const size_t smem = static_cast<size_t>(L.smem_bytes + (tma_out ? out_smem : 0));
   ensure_dynamic_smem(kernel, smem);
   // One wave of blocks over the channel tiles, each striding over stages.
   const int64_t tiles = p.groups * co_tiles;
@@ -338,9 +569,9 @@ void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, co
                         at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t blocks_x = std::max<int64_t>(1, std::min(stages, ceil_div(slots, tiles)));
   kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(tiles)), kBlock, smem,
-           at::cuda::getCurrentCUDAStream()>>>(x_map, p, x.data_ptr<float>(),
+           at::cuda::getCurrentCUDAStream()>>>(x_map, y_map, p, x.data_ptr<float>(),
                                                w.data_ptr<float>(), bias, y.data_ptr<float>(), L,
-                                               vec, tma, vec_out);
+                                               vec, tma, vec_out, tma_out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

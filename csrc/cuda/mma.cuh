@@ -170,6 +170,10 @@ __device__ __forceinline__ void cp_async_4(void* smem, const float* src,
 #endif
 }
 
+__device__ __forceinline__ void sts_f32x2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+
 // One 16-byte shared store of four operands. nvcc splits some uint4
 // stores through a float pointer into four 4-byte ones.
 __device__ __forceinline__ void st_shared_16(void* smem, uint32_t a, uint32_t b, uint32_t c,
@@ -339,6 +343,44 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tensor_map, i
       "r"(smem_addr(bar))
       : "memory");
 #endif
+}
+
+// The box at `src` (shared memory, laid out as the map's box) to the 4-D
+// tensor map's coordinates (c0 innermost), in this thread's bulk group;
+// elements outside the tensor are not written.
+__device__ __forceinline__ void tma_store_4d(const void* tensor_map, const void* src, int c0,
+                                             int c1, int c2, int c3) {
+#ifdef CONV2D_EXT_BULK_COPY
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::
+          "l"(reinterpret_cast<uint64_t>(tensor_map)),
+      "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ void bulk_commit() {
+#ifdef CONV2D_EXT_BULK_COPY
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most kPending of this thread's bulk groups are still
+// reading their shared memory (kRead) or still writing at all.
+template <int kPending, bool kRead>
+__device__ __forceinline__ void bulk_wait() {
+#ifdef CONV2D_EXT_BULK_COPY
+  if constexpr (kRead) {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+  }
+#endif
+}
+
+// Barrier `id` (1-15; 0 is __syncthreads') over `threads` threads.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Zeroes a register array of MMA accumulator fragments, [tiles][frags][4].
