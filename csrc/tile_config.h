@@ -789,7 +789,8 @@ inline bool wgrad_tc_fits(const ConvParams& p, bool split) {
 // tap) pairs in k8 steps, N = the pixels of a stage, kFpropTcRows output
 // rows x 64 columns (each warp one row and 32 columns: kFpropTcWarpN n8
 // tiles). Shared memory: the weights [64][k8 steps * 8 + 4] (3xTF32: big
-// and small parts), a table of each k's halo offset, then two raw halo
+// and small parts), a table of each k's halo offset (and the tile's bias
+// after it), then two raw halo
 // buffers (one lands while the other computes) and, for 3xTF32, one of
 // [big, small] pairs (twice the floats); buffers start 128-byte aligned,
 // after 128 bytes of slack.
@@ -821,18 +822,30 @@ inline FpropTcLayout fprop_tc_layout(const ConvParams& p, bool split) {
   l.k_steps = static_cast<int>(k_steps);
   l.weight_pitch = l.k_steps * 8 + 4;
   l.weight_floats = static_cast<int>(aligned_floats(int64_t(kFpropTcCo) * l.weight_pitch));
-  l.table_floats = static_cast<int>(aligned_floats(k_steps * 8));
+  l.table_floats = static_cast<int>(aligned_floats(k_steps * 8 + kFpropTcCo));
   l.buffer_floats = static_cast<int>(aligned_floats(p.in_channels_per_group() * h.floats));
   l.smem_bytes = 128 + 4 * ((split ? 2 : 1) * int64_t(l.weight_floats) + l.table_floats +
                             (split ? 4 : 2) * int64_t(l.buffer_floats));
   return l;
 }
+// wgmma (Hopper) reads the weights as [k8 step][64 channels][8], without
+// the pitch that keeps ldmatrix off bank conflicts.
+constexpr int fprop_tc_weight_floats(const FpropTcLayout& l, bool wgmma) {
+  return wgmma ? l.k_steps * 8 * kFpropTcCo : l.weight_floats;
+}
+inline int64_t fprop_tc_smem_bytes(const FpropTcLayout& l, bool split, bool wgmma) {
+  return l.smem_bytes -
+         4 * int64_t(split ? 2 : 1) * (l.weight_floats - fprop_tc_weight_floats(l, wgmma));
+}
+// The kernel's static shared memory (its copy barriers).
+constexpr int64_t kFpropTcStaticSmemBytes = 16;
 inline bool fprop_tc_fits(const ConvParams& p, bool split, int sm) {
   const int64_t co_tiles = (p.out_channels_per_group() + kFpropTcCo - 1) / kFpropTcCo;
   return p.in_channels_per_group() <= kMaxChannels &&
          p.out_channels_per_group() >= kFpropTcMinCo &&
          p.groups * co_tiles <= 65535 &&  // (group, channel tile) is the grid's y
-         fprop_tc_layout(p, split).smem_bytes <= igemm_wgrad::max_block_smem_bytes(sm);
+         fprop_tc_layout(p, split).smem_bytes <=
+             igemm_wgrad::max_block_smem_bytes(sm) - kFpropTcStaticSmemBytes;
 }
 
 // dgrad runs on the forward kernel where it is a unit-stride forward that

@@ -65,24 +65,26 @@ constexpr int kOutBoxFloats = 32 * 2 * kCo;
 // wgmma_desc_k8: [k8 step][8-channel block][k half][channel][k]). mma.sync
 // issues TF32 at half of wgmma's rate on Hopper, which left 3xTF32 bound by
 // its tensor work; wgmma also runs asynchronously to the FADDs that add the
-// 3xTF32 temporaries up, and to the gathers of the next step's A.
+// 3xTF32 temporaries up, and to the gathers of the next A.
 //
 // Warpgroup wg takes output rows 2wg and 2wg + 1 (an m64 tile of 64
 // columns each); warp wq of it columns 16wq to 16wq + 15. A's rows are
 // permuted so that a thread's two rows (gq and gq + 8) are neighbouring
 // columns 2gq and 2gq + 1: its accumulators then hold column pairs of one
-// channel, stored 8 bytes at a time.
+// channel.
 //
-// The two m64 tiles alternate: while one's wgmmas run, the other's
-// temporary is added up and its next A gathered. A's registers and the
-// temporary are rewritten only after the wait that ends the wgmmas
-// reading them.
+// 3xTF32: a temporary takes kPer k8 steps of one tile, all small products
+// first, then the big ones (one truncation per step at the size of the big
+// products, as with a temporary per step, and half the FADDs); FADDs add
+// the temporaries to the sums, the first one to the bias. The two tiles'
+// groups alternate: while one's wgmmas run, the other's temporary is added
+// and its next A gathered. A's registers and a temporary are rewritten only
+// after the wait that ends the wgmmas reading them.
 template <bool kSplit, int kSW>
 __device__ __forceinline__ void fprop_stage_wgmma(
-    const ConvParams& p, const sc::FpropTcLayout& L, const int* k_table, uint32_t x_stage,
-    uint32_t w_big, const float (&bias_v)[8][2], float* __restrict__ y, int n, int g, int co0,
-    int co_here, int oh0, int ow0, int lead, bool vec_out, const CUtensorMap* y_map,
-    float* out_stage) {
+    const ConvParams& p, const sc::FpropTcLayout& L, const int* k_table, const float* bias_s,
+    uint32_t x_stage, uint32_t w_big, float* __restrict__ y, int n, int g, int co0, int co_here,
+    int oh0, int ow0, int lead, bool vec_out, const CUtensorMap* y_map, float* out_stage) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane >> 2, tq = lane & 3;
   const int wg = warp / 4, wq = warp % 4;
@@ -90,102 +92,148 @@ __device__ __forceinline__ void fprop_stage_wgmma(
   const int oh_a = oh0 + 2 * wg;
   if (oh_a >= Ho) return;  // warpgroup-uniform
   const int n_total = p.in_channels_per_group() * p.kernel_h * p.kernel_w;
+  constexpr int kPer = kSplit ? 2 : 1;  // k8 steps per group of wgmmas
   constexpr uint32_t kElem = kSplit ? 8 : 4;  // a staged element: [big, small] for 3xTF32
   const uint32_t xa = x_stage + kElem * ((2 * wg) * sh * L.pitch + lead + (16 * wq + 2 * gq) * sw);
   const uint32_t row_bytes = kElem * sh * L.pitch;  // to the warpgroup's second row
   const uint32_t col_bytes = kElem * sw;            // to A's row gq + 8: the next column
-  [[maybe_unused]] const uint32_t w_small = w_big + 4u * L.weight_floats;
+  [[maybe_unused]] const uint32_t w_small = w_big + 4u * sc::fprop_tc_weight_floats(L, true);
   constexpr uint32_t kStepBytes = 4 * 8 * kCo;
 
-  uint32_t ab[2][4];
-  [[maybe_unused]] uint32_t as[kSplit ? 2 : 1][4];
+  uint32_t ab[2][kPer][4];
+  [[maybe_unused]] uint32_t as[kSplit ? 2 : 1][kPer][4];
   float acc[2][8][4];
   [[maybe_unused]] float tmp[kSplit ? 2 : 1][8][4];
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
+  // This thread's channels 8j + 2tq and the next.
+  auto bias_of = [&](int j, int h) { return bias_s[8 * j + 2 * tq + h]; };
+  if constexpr (!kSplit) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[m][j][r] = bias_v[j][r & 1];
+      for (int h = 0; h < 2; ++h) {
+        const float b = bias_of(j, h);
+        acc[0][j][h] = acc[0][j][h + 2] = acc[1][j][h] = acc[1][j][h + 2] = b;
+      }
+  }
 
-  // A of m64 tile m at k8 step t: (column 2gq, k 8t + tq), (2gq + 1, same
-  // k), then both at k + 4; zero at K past the group's pairs (Inf input
-  // times a zero weight would be NaN).
-  auto load_a = [&](int t, int m) {
+  // A of tile m at k8 step t into slot i: (column 2gq, k 8t + tq), (2gq + 1,
+  // same k), then both at k + 4; zero at K past the group's pairs (Inf
+  // input times a zero weight would be NaN).
+  auto load_a = [&](int t, int m, int i) {
     const int2 ko = reinterpret_cast<const int2*>(k_table)[t * 4 + tq];
     const uint32_t p0 = xa + m * row_bytes + kElem * ko.x, p1 = xa + m * row_bytes + kElem * ko.y;
+    uint32_t(&b)[4] = ab[m][i];
     if constexpr (kSplit) {
-      lds_u32x2(p0, ab[m][0], as[m][0]);
-      lds_u32x2(p0 + col_bytes, ab[m][1], as[m][1]);
-      lds_u32x2(p1, ab[m][2], as[m][2]);
-      lds_u32x2(p1 + col_bytes, ab[m][3], as[m][3]);
+      uint32_t(&sm)[4] = as[m][i];
+      lds_u32x2(p0, b[0], sm[0]);
+      lds_u32x2(p0 + col_bytes, b[1], sm[1]);
+      lds_u32x2(p1, b[2], sm[2]);
+      lds_u32x2(p1 + col_bytes, b[3], sm[3]);
     } else {
-      ab[m][0] = __float_as_uint(lds_f32(p0));
-      ab[m][1] = __float_as_uint(lds_f32(p0 + col_bytes));
-      ab[m][2] = __float_as_uint(lds_f32(p1));
-      ab[m][3] = __float_as_uint(lds_f32(p1 + col_bytes));
+      b[0] = __float_as_uint(lds_f32(p0));
+      b[1] = __float_as_uint(lds_f32(p0 + col_bytes));
+      b[2] = __float_as_uint(lds_f32(p1));
+      b[3] = __float_as_uint(lds_f32(p1 + col_bytes));
     }
     if (t == L.k_steps - 1) {
       const bool keep0 = t * 8 + tq < n_total, keep1 = t * 8 + tq + 4 < n_total;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (!(i < 2 ? keep0 : keep1)) {
-          ab[m][i] = 0u;
-          if constexpr (kSplit) as[m][i] = 0u;
+      for (int e = 0; e < 4; ++e) {
+        if (!(e < 2 ? keep0 : keep1)) {
+          b[e] = 0u;
+          if constexpr (kSplit) as[m][i][e] = 0u;
         }
       }
     }
   };
-  // 3xTF32: small * big, big * small, then big * big into a fresh
-  // temporary (one truncation per step at the size of the big products),
-  // added to the sums with FADDs; TF32: straight into the sums.
-  auto issue = [&](int t, int m) {
-    const uint64_t big = wgmma_desc_k8(w_big + kStepBytes * t);
+  // Steps t .. t + count - 1 of tile m as one group.
+  auto issue = [&](int t, int m, auto count) {
+    constexpr int kCount = decltype(count)::value;
     wgmma_fence();
     if constexpr (kSplit) {
-      const uint64_t small = wgmma_desc_k8(w_small + kStepBytes * t);
-      wgmma_m64n64k8_tf32(tmp[m], as[m], big, false);
-      wgmma_m64n64k8_tf32(tmp[m], ab[m], small, true);
-      wgmma_m64n64k8_tf32(tmp[m], ab[m], big, true);
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) {
+        const uint64_t big = wgmma_desc_k8(w_big + kStepBytes * (t + i));
+        const uint64_t small = wgmma_desc_k8(w_small + kStepBytes * (t + i));
+        wgmma_m64n64k8_tf32(tmp[m], as[m][i], big, i > 0);
+        wgmma_m64n64k8_tf32(tmp[m], ab[m][i], small, true);
+      }
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) {
+        wgmma_m64n64k8_tf32(tmp[m], ab[m][i], wgmma_desc_k8(w_big + kStepBytes * (t + i)), true);
+      }
     } else {
-      wgmma_m64n64k8_tf32(acc[m], ab[m], big, true);
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) {
+        wgmma_m64n64k8_tf32(acc[m], ab[m][i], wgmma_desc_k8(w_big + kStepBytes * (t + i)), true);
+      }
     }
     wgmma_commit();
   };
-  auto add = [&](int m) {
+  auto add = [&](int m, bool first) {  // `first` folds away: the chains are unrolled
     if constexpr (kSplit) {
       wgmma_fence_operands(tmp[m]);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[m][j][r] += tmp[m][j][r];
+        for (int r = 0; r < 4; ++r) {
+          if (first) {
+            acc[m][j][r] = bias_of(j, r & 1) + tmp[m][j][r];
+          } else {
+            acc[m][j][r] += tmp[m][j][r];
+          }
+        }
     }
   };
-  // Steps t .. t + kSteps - 1 as a chain of groups (step, tile), tiles
-  // alternating; each group's wait retires the one two before it, and every
-  // group is retired by the end: ptxas serialises all wgmmas when one may be
-  // in flight across a loop's back edge or a branch.
-  auto steps = [&](auto count, int t) {
-    constexpr int kGroups = 2 * decltype(count)::value;
+  // kGroups groups of kCount steps per tile from step t, tiles alternating;
+  // each group's wait retires the one two before it, and every group is
+  // retired by the end: ptxas serialises all wgmmas when one may be in
+  // flight across a loop's back edge or a branch.
+  auto chain = [&](int t, auto groups, auto count, auto first) {
+    constexpr int kGroups = 2 * decltype(groups)::value;
+    constexpr int kCount = decltype(count)::value;
+    constexpr bool kFirst = decltype(first)::value;
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
       if (q >= 2) {
         wgmma_wait<1>();
-        add(q & 1);
+        add(q & 1, kFirst && q < 4);
       }
-      load_a(t + q / 2, q & 1);
-      issue(t + q / 2, q & 1);
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) load_a(t + (q / 2) * kCount + i, q & 1, i);
+      issue(t + (q / 2) * kCount, q & 1, count);
     }
     wgmma_wait<1>();
-    add(0);
+    add(0, kFirst && kGroups == 2);
     wgmma_wait<0>();
-    add(1);
+    add(1, kFirst && kGroups == 2);
   };
-  constexpr int kStepsPerIter = 2;
-  int t = 0;
+  // Two groups of kPer steps per tile an iteration; then what is left.
+  constexpr int kIter = 2 * kPer;
+  auto run = [&](auto first) {
+    int t = 0;
+    if constexpr (decltype(first)::value) {
+      if (L.k_steps >= kIter) {
+        chain(0, Int<2>{}, Int<kPer>{}, first);
+        t = kIter;
+      } else if (kPer == 2 && L.k_steps >= 2) {
+        chain(0, Int<1>{}, Int<kPer>{}, first);
+        t = 2;
+      } else {
+        chain(0, Int<1>{}, Int<1>{}, first);
+        t = 1;
+      }
+    }
+    constexpr std::false_type kLater{};
 #pragma unroll 1
-  for (; t + kStepsPerIter <= L.k_steps; t += kStepsPerIter) steps(Int<kStepsPerIter>{}, t);
-  if (t < L.k_steps) steps(Int<1>{}, t);
+    for (; t + kIter <= L.k_steps; t += kIter) chain(t, Int<2>{}, Int<kPer>{}, kLater);
+    if (kPer == 2 && t + 2 <= L.k_steps) {
+      chain(t, Int<1>{}, Int<kPer>{}, kLater);
+      t += 2;
+    }
+    if (t < L.k_steps) chain(t, Int<1>{}, Int<1>{}, kLater);
+  };
+  run(std::bool_constant<kSplit>{});  // 3xTF32 adds the bias with the first temporaries
   if constexpr (!kSplit) {
     wgmma_fence_operands(acc[0]);
     wgmma_fence_operands(acc[1]);
@@ -196,8 +244,10 @@ __device__ __forceinline__ void fprop_stage_wgmma(
   if (y_map != nullptr) {
     // Through shared memory and the tensor-copy engine, which writes the
     // warpgroup's two rows while the next stage computes. Two boxes of 32
-    // columns (128-byte rows, one per (channel, row), in the 128-byte
-    // swizzle: 16-byte chunk c of row r at c ^ (r % 8)).
+    // columns, each [row][channel][column]: 128-byte lines in the 128-byte
+    // swizzle (16-byte chunk c of line l at c ^ (l % 8)), so the four
+    // channels a store's lanes write (2tq + h) fall in four chunks of a bank
+    // row.
     float* const boxes = out_stage + wg * 2 * kOutBoxFloats;
     const bool leader = threadIdx.x % 128 == 0;
     if (leader) bulk_wait<0, /*kRead=*/true>();  // the previous stage's boxes are read
@@ -210,16 +260,16 @@ __device__ __forceinline__ void fprop_stage_wgmma(
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = (8 * j + 2 * tq + h) * 2 + m;
-          sts_f32x2(box + row * 128 + (((col >> 2) ^ (row & 7)) << 4), acc[m][j][h],
+          const int line = m * kCo + 8 * j + 2 * tq + h;
+          sts_f32x2(box + line * 128 + (((col >> 2) ^ (line & 7)) << 4), acc[m][j][h],
                     acc[m][j][2 + h]);
         }
     fence_proxy_async_smem();
     named_barrier_sync(1 + wg, 128);
     if (leader) {
       const int c = g * p.out_channels_per_group() + co0;
-      tma_store_4d(y_map, boxes, ow0, oh_a, c, n);
-      tma_store_4d(y_map, boxes + kOutBoxFloats, ow0 + 32, oh_a, c, n);
+      tma_store_4d(y_map, boxes, ow0, c, oh_a, n);
+      tma_store_4d(y_map, boxes + kOutBoxFloats, ow0 + 32, c, oh_a, n);
       bulk_commit();
     }
     return;
@@ -263,6 +313,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
                     const sc::FpropTcLayout L, bool vec, bool tma, bool vec_out, bool tma_out) {
   extern __shared__ float4 smem4[];
   __shared__ uint64_t staged[2];
+  static_assert(sizeof(staged) <= sc::kFpropTcStaticSmemBytes, "the plan's budget");
   // The tensor-copy engine writes 128-byte aligned boxes (the launch adds
   // the slack).
   float* const smem = reinterpret_cast<float*>(smem4) +
@@ -283,9 +334,12 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
   // Shared memory (floats): weights (big, then small for 3xTF32), the k
   // offset table, two raw halo buffers, 3xTF32's split one (twice as large).
   float* const w_big = smem;
-  [[maybe_unused]] float* const w_small = smem + L.weight_floats;
-  int* const k_table = reinterpret_cast<int*>(smem + (kSplit ? 2 : 1) * L.weight_floats);
-  float* const buf0 = smem + (kSplit ? 2 : 1) * L.weight_floats + L.table_floats;
+  const int w_floats = sc::fprop_tc_weight_floats(L, kWgmma);
+  [[maybe_unused]] float* const w_small = smem + w_floats;
+  int* const k_table = reinterpret_cast<int*>(smem + (kSplit ? 2 : 1) * w_floats);
+  // wgmma: the tile's bias after the table (registers are short there).
+  [[maybe_unused]] float* const bias_s = reinterpret_cast<float*>(k_table) + L.k_steps * 8;
+  float* const buf0 = smem + (kSplit ? 2 : 1) * w_floats + L.table_floats;
   auto buffer = [&](int b) { return buf0 + b * L.buffer_floats; };
   [[maybe_unused]] float* const split_buf = buffer(2);
   // wgmma with stores by tensor copy: each warpgroup's two output boxes, 1024-
@@ -331,17 +385,21 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
     k_table[(k >> 3) * 8 + (k & 3) * 2 + ((k >> 2) & 1)] = off;
   }
   if constexpr (kWgmma) fence_proxy_async_smem();  // the weights are wgmma's B
-  // This thread's output channels: mma.sync, i * 16 + gq and 8 more; wgmma,
-  // i * 8 + 2 * tq and the next.
-  constexpr int kBiasSets = kWgmma ? 8 : kMTiles;
-  float bias_v[kBiasSets][2];
-#pragma unroll
-  for (int i = 0; i < kBiasSets; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int co = kWgmma ? i * 8 + 2 * tq + h : i * 16 + gq + 8 * h;
-      bias_v[i][h] = bias != nullptr && co < co_here ? bias[g * cout_g + co0 + co] : 0.f;
+  // This thread's output channels: i * 16 + gq, and 8 more (mma.sync).
+  float bias_v[kWgmma ? 1 : kMTiles][2];
+  if constexpr (kWgmma) {
+    for (int co = threadIdx.x; co < kCo; co += kBlock) {
+      bias_s[co] = bias != nullptr && co < co_here ? bias[g * cout_g + co0 + co] : 0.f;
     }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int co = i * 16 + gq + 8 * h;
+        bias_v[i][h] = bias != nullptr && co < co_here ? bias[g * cout_g + co0 + co] : 0.f;
+      }
+  }
 
   const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
   const int per_image = (Ho + kRows - 1) / kRows * tiles_w;
@@ -407,8 +465,9 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
     int n, oh0, ow0;
     origin(s, n, oh0, ow0);
     if constexpr (kWgmma) {
-      fprop_stage_wgmma<kSplit, kSW>(p, L, k_table, smem_addr(kSplit ? split_buf : buffer(b)),
-                                     smem_addr(w_big), bias_v, y, n, g, co0, co_here, oh0, ow0,
+      fprop_stage_wgmma<kSplit, kSW>(p, L, k_table, bias_s,
+                                     smem_addr(kSplit ? split_buf : buffer(b)), smem_addr(w_big),
+                                     y, n, g, co0, co_here, oh0, ow0,
                                      small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead,
                                      vec_out, tma_out ? &y_map : nullptr, out_stage);
       continue;
@@ -547,12 +606,14 @@ void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, co
   const bool wgmma = hopper_kernels(current_sm());
   // The tensor-copy engine writes whole 64-channel boxes, clipped only at
   // the tensor's edges, so the group's channels must be whole tiles.
+  const int64_t smem_bytes = sc::fprop_tc_smem_bytes(L, split, wgmma);
   const int64_t out_smem = 1024 + 4 * int64_t(2 * 2 * kOutBoxFloats);
   const bool tma_out = wgmma && tma && p.out_channels_per_group() % kCo == 0 &&
                        p.out_w % 4 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 &&
-                       L.smem_bytes + out_smem <= igemm_wgrad::max_block_smem_bytes(current_sm());
+                       smem_bytes + out_smem <= igemm_wgrad::max_block_smem_bytes(current_sm()) -
+                                                      sc::kFpropTcStaticSmemBytes;
   CUtensorMap y_map{};  // not read without tma_out
-  if (tma_out) y_map = nchw_tensor_map(y, 32, 2, kCo, 1, /*swizzle_128b=*/true);
+  if (tma_out) y_map = nwch_box_tensor_map(y, 32, kCo, 2, /*swizzle_128b=*/true);
   auto kernel = [&] {
     auto pick = [&](auto sw) {
       constexpr int kSW = decltype(sw)::value;
@@ -561,7 +622,7 @@ void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, co
     };
     return p.stride_w == 1 ? pick(Int<1>{}) : p.stride_w == 2 ? pick(Int<2>{}) : pick(Int<0>{});
   }();
-  const size_t smem = static_cast<size_t>(L.smem_bytes + (tma_out ? out_smem : 0));
+  const size_t smem = static_cast<size_t>(smem_bytes + (tma_out ? out_smem : 0));
   ensure_dynamic_smem(kernel, smem);
   // One wave of blocks over the channel tiles, each striding over stages.
   const int64_t tiles = p.groups * co_tiles;

@@ -53,16 +53,19 @@ void ensure_current_context() {
   C10_CUDA_CHECK(cudaFree(nullptr));
 }
 
-}  // namespace
-
-CUtensorMap nchw_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_h, uint32_t box_c,
-                            uint32_t row_step, bool swizzle_128b) {
-  const cuuint64_t dims[4] = {cuuint64_t(t.size(3)), cuuint64_t(t.size(2)),
-                              cuuint64_t(t.size(1)), cuuint64_t(t.size(0))};
-  const cuuint64_t row = cuuint64_t(t.size(3)) * 4;
-  const cuuint64_t strides[3] = {row, row * t.size(2), row * t.size(2) * t.size(1)};
-  const cuuint32_t box[4] = {box_w, box_h, box_c, 1};
-  const cuuint32_t element_strides[4] = {1, row_step, 1, 1};
+// The 4-D map of contiguous NCHW `t` with its dimensions in `order`
+// (indices of NCHW dimensions, innermost first; W first).
+CUtensorMap encode(const at::Tensor& t, const int (&order)[4], const uint32_t (&box)[4],
+                   uint32_t row_step, bool swizzle_128b) {
+  const cuuint64_t bytes[4] = {cuuint64_t(t.size(1)) * t.size(2) * t.size(3) * 4,
+                               cuuint64_t(t.size(2)) * t.size(3) * 4,
+                               cuuint64_t(t.size(3)) * 4, 4};  // per step of each dimension
+  cuuint64_t dims[4], strides[3];
+  for (int i = 0; i < 4; ++i) {
+    dims[i] = cuuint64_t(t.size(order[i]));
+    if (i > 0) strides[i - 1] = bytes[order[i]];
+  }
+  const cuuint32_t element_strides[4] = {1, order[1] == 2 ? row_step : 1, 1, 1};
   CUtensorMap map;
   ensure_current_context();
   const CUresult r = encode_tiled()(
@@ -71,9 +74,21 @@ CUtensorMap nchw_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_h,
       swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "conv2d_ext: internal error: cuTensorMapEncodeTiled failed (",
-              int(r), ") for a tensor of shape ", t.sizes(), " and box ", box_w, "x", box_h,
-              "x", box_c);
+              int(r), ") for a tensor of shape ", t.sizes(), " and box ", box[0], "x", box[1],
+              "x", box[2]);
   return map;
+}
+
+}  // namespace
+
+CUtensorMap nchw_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_h, uint32_t box_c,
+                            uint32_t row_step, bool swizzle_128b) {
+  return encode(t, {3, 2, 1, 0}, {box_w, box_h, box_c, 1}, row_step, swizzle_128b);
+}
+
+CUtensorMap nwch_box_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_c,
+                                uint32_t box_h, bool swizzle_128b) {
+  return encode(t, {3, 1, 2, 0}, {box_w, box_c, box_h, 1}, 1, swizzle_128b);
 }
 
 }  // namespace cuda

@@ -16,5 +16,11 @@ namespace cuda {
 CUtensorMap nchw_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_h, uint32_t box_c,
                             uint32_t row_step, bool swizzle_128b = false);
 
+// The same tensor with the box's channels outside its columns and inside
+// its rows (coordinates: column, channel, row, image): a box lands in
+// shared memory as [row][channel][column].
+CUtensorMap nwch_box_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_c,
+                                uint32_t box_h, bool swizzle_128b);
+
 }  // namespace cuda
 }  // namespace conv2d_ext
