@@ -50,7 +50,9 @@
 #   forward on tensor cores (32 or more output channels per group) runs on
 #   cases 13, 21 and 27 in TF32 and on 13 and 21 in 3xTF32: rows of 30 and
 #   130 floats staged by 4-byte async copies, rows of 64 by the tensor-copy
-#   engine with a partial second channel tile (case 21).
+#   engine with a partial second channel tile (case 21). On Hopper it runs
+#   on wgmma, and cases 33 (several stages per block) and 34 (two groups,
+#   stride 2) store its output by the tensor-copy engine, in both modes.
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -79,10 +81,10 @@ else
   for mode in ieee tf32; do
     tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
   done
-  for c in 0 1 3 7 13 17 21 24 27 28 29 30 32; do
+  for c in 0 1 3 7 13 17 21 24 27 28 29 30 32 33 34; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
   done
-  for c in 13 21 30; do
+  for c in 13 21 30 33 34; do
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[ieee-cuda-case$c]")
   done
   tests+=("tests/test_small_channels.py::test_small_channels_without_copy_engine[tf32-case17]")
