@@ -91,7 +91,10 @@ __device__ __forceinline__ void fprop_stage_wgmma(
   const int wg = warp / 4, wq = warp % 4;
   const int Ho = p.out_h, Wo = p.out_w, sh = p.stride_h, sw = kSW > 0 ? kSW : p.stride_w;
   const int oh_a = oh0 + 2 * wg;
-  if (oh_a >= Ho) return;  // warpgroup-uniform
+  // Warpgroup-uniform. A warpgroup past the last row still meets the block's
+  // barriers of the stores by tensor copy.
+  const bool active = oh_a < Ho;
+  if (!active && y_map == nullptr) return;
   const int n_total = p.in_channels_per_group() * p.kernel_h * p.kernel_w;
   constexpr int kPer = kSplit ? 2 : 1;  // k8 steps per group of wgmmas
   constexpr uint32_t kElem = kSplit ? 8 : 4;  // a staged element: [big, small] for 3xTF32
@@ -234,43 +237,50 @@ __device__ __forceinline__ void fprop_stage_wgmma(
     }
     if (t < L.k_steps) chain(t, Int<1>{}, Int<1>{}, kLater);
   };
-  run(std::bool_constant<kSplit>{});  // 3xTF32 adds the bias with the first temporaries
-  if constexpr (!kSplit) {
-    wgmma_fence_operands(acc[0]);
-    wgmma_fence_operands(acc[1]);
+  if (active) {
+    run(std::bool_constant<kSplit>{});  // 3xTF32 adds the bias with the first temporaries
+    if constexpr (!kSplit) {
+      wgmma_fence_operands(acc[0]);
+      wgmma_fence_operands(acc[1]);
+    }
   }
 
   // Accumulator (m, j, r): row oh_a + m, channel 8j + 2tq + (r & 1),
   // column 16wq + 2gq (+ 1 for r >= 2).
   if (y_map != nullptr) {
     // Through shared memory and the tensor-copy engine, which writes the
-    // warpgroup's two rows while the next stage computes. Two boxes of 32
-    // columns, each [row][channel][column]: 128-byte lines in the 128-byte
-    // swizzle (16-byte chunk c of line l at c ^ (l % 8)), so the four
-    // channels a store's lanes write (2tq + h) fall in four chunks of a bank
-    // row.
+    // stage's rows while the next stage computes. Per warpgroup two boxes
+    // of 32 columns, each [row][channel][column]: 128-byte lines in the
+    // 128-byte swizzle (16-byte chunk c of line l at c ^ (l % 8)), so the
+    // four channels a store's lanes write (2tq + h) fall in four chunks of a
+    // bank row. Block-wide barriers: the warpgroups meet at the next stage's
+    // anyway.
     float* const boxes = out_stage + wg * 2 * kOutBoxFloats;
-    const bool leader = threadIdx.x % 128 == 0;
-    if (leader) bulk_wait<0, /*kRead=*/true>();  // the previous stage's boxes are read
-    named_barrier_sync(1 + wg, 128);
-    const int col = 16 * (wq & 1) + 2 * gq;
-    const uint32_t box = smem_addr(boxes) + (wq >> 1) * 4 * kOutBoxFloats + (col & 3) * 4;
+    if (threadIdx.x == 0) bulk_wait<0, /*kRead=*/true>();  // the last stage's boxes are read
+    __syncthreads();
+    if (active) {
+      const int col = 16 * (wq & 1) + 2 * gq;
+      const uint32_t box = smem_addr(boxes) + (wq >> 1) * 4 * kOutBoxFloats + (col & 3) * 4;
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int line = m * kCo + 8 * j + 2 * tq + h;
-          sts_f32x2(box + line * 128 + (((col >> 2) ^ (line & 7)) << 4), acc[m][j][h],
-                    acc[m][j][2 + h]);
-        }
-    fence_proxy_async_smem();
-    named_barrier_sync(1 + wg, 128);
-    if (leader) {
+          for (int h = 0; h < 2; ++h) {
+            const int line = m * kCo + 8 * j + 2 * tq + h;
+            sts_f32x2(box + line * 128 + (((col >> 2) ^ (line & 7)) << 4), acc[m][j][h],
+                      acc[m][j][2 + h]);
+          }
+      fence_proxy_async_smem();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
       const int c = g * p.out_channels_per_group() + co0;
-      tma_store_4d(y_map, boxes, ow0, c, oh_a, n);
-      tma_store_4d(y_map, boxes + kOutBoxFloats, ow0 + 32, c, oh_a, n);
+      for (int i = 0; i < 2 && oh0 + 2 * i < Ho; ++i) {
+        tma_store_4d(y_map, out_stage + i * 2 * kOutBoxFloats, ow0, c, oh0 + 2 * i, n);
+        tma_store_4d(y_map, out_stage + (i * 2 + 1) * kOutBoxFloats, ow0 + 32, c, oh0 + 2 * i,
+                     n);
+      }
       bulk_commit();
     }
     return;
@@ -580,7 +590,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       }
   }
   // Shared memory must outlive the reads of the last boxes.
-  if (kWgmma && tma_out && threadIdx.x % 128 == 0) bulk_wait<0, /*kRead=*/false>();
+  if (kWgmma && tma_out && threadIdx.x == 0) bulk_wait<0, /*kRead=*/false>();
 }
 
 }  // namespace

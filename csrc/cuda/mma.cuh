@@ -378,11 +378,6 @@ __device__ __forceinline__ void bulk_wait() {
 #endif
 }
 
-// Barrier `id` (1-15; 0 is __syncthreads') over `threads` threads.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Zeroes a register array of MMA accumulator fragments, [tiles][frags][4].
 template <int kTiles, int kFrags>
 __device__ __forceinline__ void zero_fragments(float (&d)[kTiles][kFrags][4]) {
