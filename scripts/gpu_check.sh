@@ -6,7 +6,10 @@
 #   scripts/gpu_check.sh OUTDIR [benchmark arguments...]
 #
 # SKIP_BUILD=1, SKIP_TESTS=1 or SKIP_BENCH=1 leave a stage out; PYTEST_ARGS
-# narrows the tests.
+# narrows the tests. CXX and CC pick the host compiler: some toolchains link
+# libstdc++ into the module statically, which the check after the build
+# refuses, so name the system compiler there (CXX=g++ CC=gcc from the
+# distribution's path).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUTDIR [benchmark arguments...]}
 shift
