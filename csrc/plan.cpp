@@ -18,6 +18,7 @@ namespace {
 std::atomic<bool> g_hopper_kernels{true};
 std::atomic<bool> g_flat_kernels{true};
 std::atomic<bool> g_short_wgrad_direct{true};
+std::atomic<bool> g_few_channel_wgrad_wgmma{false};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
@@ -31,6 +32,14 @@ bool hopper_kernels(int sm) {
 bool set_flat_kernels(bool enable) { return g_flat_kernels.exchange(enable); }
 
 bool set_short_wgrad_direct(bool enable) { return g_short_wgrad_direct.exchange(enable); }
+
+bool set_few_channel_wgrad_wgmma(bool enable) {
+  return g_few_channel_wgrad_wgmma.exchange(enable);
+}
+
+bool few_channel_wgrad_wgmma(int sm) {
+  return hopper_kernels(sm) && g_few_channel_wgrad_wgmma.load(std::memory_order_relaxed);
+}
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws

@@ -71,6 +71,12 @@ bool set_flat_kernels(bool enable);
 // tensor-core wgrad kernels stay covered on small shapes.
 bool set_short_wgrad_direct(bool enable);
 
+// Off by default until it has run on a GPU: whether the few-channel
+// tensor-core wgrad (RGB stems) runs its wgmma stage on Hopper instead of
+// mma.sync. Returns the previous setting.
+bool set_few_channel_wgrad_wgmma(bool enable);
+bool few_channel_wgrad_wgmma(int sm);
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 

@@ -53,6 +53,14 @@
 #   engine with a partial second channel tile (case 21). On Hopper it runs
 #   on wgmma, and cases 33 (several stages per block) and 34 (two groups,
 #   stride 2) store its output by the tensor-copy engine, in both modes.
+# - tests/test_small_channels.py::test_wgrad_wgmma_stage: the few-channel
+#   wgrad's wgmma stage (Hopper; off by default until it has run on a GPU)
+#   in both modes on cases 13 (three m64 tiles of rows in one block), 14
+#   (one tile, its warpgroups splitting the pixels), 35 (two tiles) and 36
+#   (three and one, a partial last stage), whose grad_output rows (15 to 70
+#   floats, not multiples of 4) are staged by async copies into the
+#   swizzled layout, and 30 (three tiles, two groups) and 33 (one tile, two
+#   channel tiles), staged by the tensor-copy engine.
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -88,6 +96,11 @@ else
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[ieee-cuda-case$c]")
   done
   tests+=("tests/test_small_channels.py::test_small_channels_without_copy_engine[tf32-case17]")
+  for mode in tf32 ieee; do
+    for c in 13 14 30 33 35 36; do
+      tests+=("tests/test_small_channels.py::test_wgrad_wgmma_stage[$mode-case$c]")
+    done
+  done
 fi
 
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, HAS_CUDA, hopper_kernels, precision_of, reduction_lengths, reference,
-                   rel_err, tf32_mode, tolerance)
+from utils import (DEVICES, HAS_CUDA, hopper_kernels, is_hopper_build, precision_of,
+                   reduction_lengths, reference, rel_err, tf32_mode, tolerance)
 
 # (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation, groups, bias):
 # every specialised kernel size, the generic path, each parameter alone and
@@ -201,18 +201,13 @@ def test_cuda_mma_sync_kernels(case, precision):
         _run(case, "cuda", torch.float32)
 
 
-def _is_hopper_build():
-    major, minor = torch.cuda.get_device_capability()
-    return (major, minor) == (9, 0) and "9.0" in (conv2d_ext.build_info()["cuda_archs"] or "")
-
-
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", TENSOR_CORE, ids=[f"tc{i}" for i in range(len(TENSOR_CORE))])
 def test_cuda_sm90_pixels_in_m_kernels(case, precision):
     """On a Hopper GPU unit-stride shapes run the flat wgmma kernel; the
     other wgmma kernel (strided shapes) is checked on all cases here, in
     both modes."""
-    if not _is_hopper_build():
+    if not is_hopper_build():
         pytest.skip("needs sm_90 and a build with sm_90a code")
     previous = torch.ops.conv2d_ext._set_flat_kernels(False)
     try:
@@ -327,7 +322,7 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
-    hopper = _is_hopper_build()
+    hopper = is_hopper_build()
     for case in TENSOR_CORE:
         n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
         x = torch.empty(n, cin, h, w, device="cuda")

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, cuda_only, hopper_kernels, precision_of, reduction_lengths, reference,
-                   rel_err, tf32_mode, tolerance)
+from utils import (DEVICES, cuda_only, few_channel_wgrad_wgmma, hopper_kernels, is_hopper_build,
+                   precision_of, reduction_lengths, reference, rel_err, tf32_mode, tolerance)
 
 ops = torch.ops.conv2d_ext
 
@@ -72,6 +72,11 @@ CASES = [
     # (its boxes reused), and two groups at stride 2.
     (8, 3, 61, 72, 128, (3, 5), 1, (1, 2), 1, 1, True),
     (1, 6, 21, 47, 128, (3, 3), 2, 1, 1, 2, False),
+    # The tensor-core wgrad's rows ((channel, tap) pairs) in m64 tiles, a
+    # block taking up to three: 75 pairs (two tiles), and 196 (four: one
+    # block of three and one of one), with a partial last stage of a row.
+    (2, 3, 29, 70, 24, (5, 5), 1, 2, 1, 1, True),
+    (1, 4, 23, 45, 12, (7, 7), 2, 3, 1, 1, False),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.
@@ -233,6 +238,41 @@ def test_wide_wgrad_of_short_ieee_reductions_on_ffma(case):
     with tf32_mode(False):
         assert ops._algorithm("backward_weight", x, wt, *_geometry(case)) == "few_channels"
         _run(case, "cuda", torch.float32)
+
+
+TC_WGRAD = [i for i, c in enumerate(CASES) if _wide(c)]
+
+
+@cuda_only
+@pytest.mark.parametrize("case", [CASES[i] for i in TC_WGRAD], ids=[f"case{i}" for i in TC_WGRAD])
+def test_wgrad_wgmma_stage(case, precision):
+    """The tensor-core wgrad of more than 4 output channels per group with
+    its wgmma stage on Hopper (switched off by default until it has run on
+    a GPU): one to three m64 tiles of rows a block, both modes, against
+    float64 (IEEE mode to the IEEE bound, as for mma.sync)."""
+    if not is_hopper_build():
+        pytest.skip("the wgmma stage runs on Hopper builds only")
+    with few_channel_wgrad_wgmma(True):
+        _run(case, "cuda", torch.float32)
+
+
+@cuda_only
+def test_wgrad_wgmma_stage_bitwise_reproducible(precision):
+    """The wgmma stage's sums meet in a fixed order: an RGB stem's wgrad,
+    split over many blocks, is the same bits from call to call."""
+    if not is_hopper_build():
+        pytest.skip("the wgmma stage runs on Hopper builds only")
+    n, cin, h, w, cout, k, _, _, _, groups, _ = REPRODUCIBLE[2]
+    geometry = _geometry(REPRODUCIBLE[2])
+    x = torch.randn(n, cin, h, w, device="cuda")
+    wt = torch.randn(cout, cin // groups, *k, device="cuda")
+    gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
+    with few_channel_wgrad_wgmma(True):
+        first = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
+        again = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
+    assert torch.isfinite(first).all(), f"non-finite grad_weight ({precision})"
+    assert torch.equal(first, again), (f"grad_weight differs between calls, max difference "
+                                       f"{(first - again).abs().max().item():.3g} ({precision})")
 
 
 @cuda_only

@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import conv2d_ext
+
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
@@ -93,6 +95,12 @@ def tf32_mode(enabled):
         yield
 
 
+def is_hopper_build():
+    """A Hopper GPU (compute capability 9.0) and a build with its sm_90a code."""
+    major, minor = torch.cuda.get_device_capability()
+    return (major, minor) == (9, 0) and "9.0" in (conv2d_ext.build_info()["cuda_archs"] or "")
+
+
 @contextlib.contextmanager
 def hopper_kernels(enabled):
     """The op's Hopper-only kernels (wgmma, tensor-copy engine) on or off for
@@ -103,3 +111,15 @@ def hopper_kernels(enabled):
         yield
     finally:
         ops._set_hopper_kernels(previous)
+
+
+@contextlib.contextmanager
+def few_channel_wgrad_wgmma(enabled):
+    """The few-channel tensor-core wgrad's wgmma stage (Hopper) on or off for
+    the duration; off by default until it has run on a GPU."""
+    ops = torch.ops.conv2d_ext
+    previous = ops._set_few_channel_wgrad_wgmma(enabled)
+    try:
+        yield
+    finally:
+        ops._set_few_channel_wgrad_wgmma(previous)

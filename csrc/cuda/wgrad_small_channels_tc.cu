@@ -1,5 +1,6 @@
 // wgrad for few input channels per group and many output channels (RGB
-// stems) on TF32 tensor cores (mma.sync, sm_80+): TF32 in TF32 mode, 3xTF32
+// stems) on TF32 tensor cores (mma.sync, sm_80+; on Hopper, where switched
+// on, wgmma: wgrad_small_channels_wgmma.cuh): TF32 in TF32 mode, 3xTF32
 // in IEEE mode. The FFMA wide kernel (wgrad_small_channels.cu) tops out near
 // a quarter of the FFMA peak, while this GEMM's operands are few bytes per
 // product: the stem's 7.55 GFLOP take 15 us at the TF32 peak, 45 us in
@@ -39,6 +40,7 @@
 #include "small_channels.h"
 #include "split_reduce.cuh"
 #include "tensor_map.h"
+#include "wgrad_small_channels_wgmma.cuh"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -81,8 +83,10 @@ __device__ __forceinline__ int go_swizzled(int row, int col) {
          ((((col & 31) >> 2) ^ (row & 7)) << 2) + (col & 3);
 }
 
-template <bool kSplit>
-__global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
+// kWgmma: Hopper's warpgroup MMA (sm_90a code only; see
+// wgrad_small_channels_wgmma.cuh).
+template <bool kSplit, bool kWgmma>
+__global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
     wgrad_tc_kernel(const __grid_constant__ CUtensorMap x_map,
                     const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                     const float* __restrict__ grad_out, const float* __restrict__ x,
@@ -140,6 +144,28 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
   float tmp[kSplit ? kMTiles : 1][kSplit ? kWarpN : 1][4];
   zero_fragments(acc);
   zero_fragments(tmp);
+
+  // wgmma: the block's m64 tiles of rows (kMaxTiles a part) and, per set of
+  // accumulators, this lane's A rows gq and gq + 8 as byte offsets.
+  [[maybe_unused]] const int w_tiles =
+      min(wgrad_tc::kMaxTiles, (n_total + 63) / 64 - part * wgrad_tc::kMaxTiles);
+  [[maybe_unused]] const wgrad_tc::WgmmaTiles wt = wgrad_tc::wgmma_tiles(w_tiles, warp / 4);
+  [[maybe_unused]] uint32_t aoff[2][2];
+  [[maybe_unused]] float wacc[kWgmma ? 2 : 1][8][4], wtmp[kWgmma ? 2 : 1][8][4];
+  if constexpr (kWgmma) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = (part * wgrad_tc::kMaxTiles + wt.tile[t]) * 64 + 16 * (warp % 4) + gq +
+                        8 * h;
+        const int nidx = min(row, n_total - 1);
+        const int ci = nidx / taps, tap = nidx - ci * taps;
+        aoff[t][h] = 4u * (go_floats + ci * plane + (tap / KW) * p.dilation_h * pitch +
+                           (tap % KW) * p.dilation_w);
+      }
+    zero_fragments(wacc);
+  }
   auto flush_tmp = [&] {
     if constexpr (kSplit) {
 #pragma unroll
@@ -225,13 +251,35 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     const uint32_t small_bytes = 4u * (2 - b) * buf_floats;  // big -> its small part
     // Small parts are left to the tensor cores' truncation: two
     // instructions fewer (mma.cuh has the error bounds).
+    // wgmma reads grad_output where the threads stored it: fenced as for
+    // the tensor-copy engine.
     small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kApart,
                                          /*kRoundSmall=*/false>(
         reinterpret_cast<float4*>(buf), reinterpret_cast<float4*>(smem + 2 * buf_floats),
-        buf_floats / 4, tma);
+        buf_floats / 4, tma || kWgmma);
     int n, oh, ow0;
     origin(s, n, oh, ow0);
     const int cols = min(sc::kTileCols, Wo - ow0);
+    if constexpr (kWgmma) {
+      const uint32_t base = smem_addr(buf);
+      const uint32_t xbase = base + 4u * small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead;
+      auto run = [&](auto tiles) {
+        constexpr int kTiles = decltype(tiles)::value;
+        if (cols == sc::kTileCols) {
+          wgrad_tc::wgrad_stage_wgmma<kSplit, kTiles, false>(wacc, wtmp, aoff, xbase, base,
+                                                              small_bytes, sw, cols);
+        } else {
+          wgrad_tc::wgrad_stage_wgmma<kSplit, kTiles, true>(wacc, wtmp, aoff, xbase, base,
+                                                             small_bytes, sw, cols);
+        }
+      };
+      switch (w_tiles) {
+        case 1: run(Int<1>{}); break;
+        case 2: run(Int<2>{}); break;
+        default: run(Int<3>{}); break;
+      }
+      continue;
+    }
     const int steps = (cols + 7) / 8;
     const uint32_t base = smem_addr(buf);
     const uint32_t xbase = base + 4u * (small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead);
@@ -292,6 +340,46 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
       default: steps_of(Int<kWarpN>{}); break;
     }
   }
+  if constexpr (kWgmma) {
+    // Sums of a tile both warpgroups hold meet in warpgroup order; each
+    // tile is written by one warpgroup.
+    __syncthreads();  // the last stage's operands are consumed
+    const int wg = warp / 4, t128 = threadIdx.x % 128;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      if (t == 1 && w_tiles != 3) break;
+      if (wt.shared[t]) {
+        if (wg == 1) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) smem[(j * 4 + r) * 128 + t128] = wacc[t][j][r];
+        }
+        __syncthreads();
+        if (wg == 0) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) wacc[t][j][r] += smem[(j * 4 + r) * 128 + t128];
+        }
+        __syncthreads();  // before the next tile's sums reuse the memory
+        if (wg == 1) continue;
+      }
+      float* out = partial + int64_t(blockIdx.y) * p.weight_numel();
+      const int row0 = (part * wgrad_tc::kMaxTiles + wt.tile[t]) * 64 + 16 * (warp % 4) + gq;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          // Accumulator (j, r): row gq (+ 8 for r >= 2), channel 8j + 2tq (+ 1 for odd r).
+          const int co = 8 * j + 2 * tq + (r & 1), nidx = row0 + (r >= 2 ? 8 : 0);
+          if (co < co_here && nidx < n_total) {
+            out[(int64_t(g) * cout_g + co0 + co) * n_total + nidx] = wacc[t][j][r];
+          }
+        }
+    }
+    return;
+  }
   flush_tmp();
 
   // Warps that split the k8 steps meet in warp order through shared memory.
@@ -351,8 +439,9 @@ void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_
   const int64_t stages = p.batch * p.out_h * ceil_div(p.out_w, sc::kTileCols);
   TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the small-channel wgrad");
-  const small_channels::Split sp =
-      small_channels::split_stages(blocks_x, stages, split ? 1 : 2, grad_w, p.weight_numel());
+  const bool wgmma = few_channel_wgrad_wgmma(current_sm());
+  const small_channels::Split sp = small_channels::split_stages(
+      blocks_x, stages, split || wgmma ? 1 : 2, grad_w, p.weight_numel());
   const size_t smem = static_cast<size_t>(sc::wgrad_tc_smem_bytes(p, split));
   const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
   const bool vec_go = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
@@ -365,7 +454,8 @@ void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_
                             static_cast<uint32_t>(p.in_channels_per_group()), 1);
     go_map = nchw_tensor_map(grad_out, 32, 1, sc::kWgradTcCo, 1, /*swizzle_128b=*/true);
   }
-  auto kernel = split ? wgrad_tc_kernel<true> : wgrad_tc_kernel<false>;
+  auto kernel = wgmma ? (split ? wgrad_tc_kernel<true, true> : wgrad_tc_kernel<false, true>)
+                      : (split ? wgrad_tc_kernel<true, false> : wgrad_tc_kernel<false, false>);
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, sp.slices), kBlock, smem, at::cuda::getCurrentCUDAStream()>>>(
       x_map, go_map, p, grad_out.data_ptr<float>(), x.data_ptr<float>(),

@@ -1,0 +1,159 @@
+// The few-channel wgrad's stage on Hopper (sm_90a code only), for the
+// kernel in wgrad_small_channels_tc.cu: that kernel stages grad_output and
+// the input halo, and rounds or splits them, for this stage and for the
+// mma.sync one of other GPUs.
+//
+// The GEMM turned around, as in the sm_90 wgrad (wgrad_sm90.cu): M = the
+// group's (input channel, tap) rows in m64 tiles, N = the block's 64 output
+// channels, K = the stage's 64 pixels. A, the input at each row's (channel,
+// tap) offset and each pixel's column times the stride, is gathered from
+// the halo into registers (no 16-byte layout serves the gather); B,
+// grad_output, is the stage's tile as it lies: two halves of 32 pixels in
+// the 128-byte swizzle, which wgmma reads K-major. mma.sync issues TF32 at
+// half of wgmma's rate on Hopper, which left the 3xTF32 wgrad bound by its
+// tensor work and the waits of its dependent chains.
+//
+// A block holds up to three m64 tiles (the stem's 147 rows in one block),
+// over its two warpgroups: one tile, both take it and split the stage's
+// pixels (32 each); two, one each; three, one each and both the third,
+// with the pixels split. A warpgroup starts at its own half of the pixels,
+// so with three tiles the third one's steps come first and every branch is
+// at compile time. Where both warpgroups hold a tile, their sums meet at
+// the end in warpgroup order.
+//
+// 3xTF32 (IEEE mode): small*big + big*small + big*big of each step go into
+// a temporary per tile, restarted every kStepsPerTemp steps and added to the
+// accumulators with FADDs (the tensor cores truncate as they accumulate).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../tile_config.h"
+#include "mma.cuh"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace wgrad_tc {
+
+namespace sc = conv2d_ext::small_channels;
+
+constexpr int kCo = sc::kWgradTcCo;
+constexpr int kMaxTiles = 3;       // m64 tiles of (channel, tap) rows per block
+// 3xTF32: six products per temporary, as in the mma.sync stage, whose
+// errors (2.5-2.9e-7 on the RGB layers against cuDNN's 6.5-9.3e-7) are
+// known; the sm_90 wgrad's four steps had a small margin.
+constexpr int kStepsPerTemp = 2;
+static_assert(8 % kStepsPerTemp == 0 && 4 % kStepsPerTemp == 0, "whole temporaries a stage");
+static_assert(kMaxTiles * 64 == sc::kWgradTcWarpN * 8 * (sc::kThreads / 32),
+              "a block's rows: the same parts as the mma.sync kernel's");
+
+// The tiles a warpgroup accumulates: set 0 in every step it takes, set 1
+// (three tiles only: the third) in the steps of its own half.
+struct WgmmaTiles {
+  int tile[2];
+  bool shared[2];  // the other warpgroup holds the same tile (sums meet)
+};
+
+__device__ __forceinline__ WgmmaTiles wgmma_tiles(int tiles, int wg) {
+  WgmmaTiles t;
+  t.tile[0] = tiles == 1 ? 0 : wg;
+  t.shared[0] = tiles == 1;
+  t.tile[1] = 2;
+  t.shared[1] = true;
+  return t;
+}
+
+// One stage: steps of 8 pixels; kTiles tiles in the block (1-3); kMask: the
+// stage has `cols` < 64 valid pixels (A is zeroed past them: the input
+// there may hold Inf or NaN, and grad_output is zero). `aoff`: this lane's
+// A rows (gq and gq + 8 of its warp's 16) in each set, as byte offsets from
+// `xbase`, the halo at the stage's first column; `go`: the stage's
+// grad_output tile; `small_bytes`: from a big part to its small part (both
+// operands).
+template <bool kSplit, int kTiles, bool kMask>
+__device__ __forceinline__ void wgrad_stage_wgmma(float (&acc)[2][8][4], float (&tmp)[2][8][4],
+                                                  const uint32_t (&aoff)[2][2], uint32_t xbase,
+                                                  uint32_t go, uint32_t small_bytes, int sw,
+                                                  int cols) {
+  constexpr int kSteps = kTiles == 1 ? 4 : 8;  // this warpgroup's steps of the stage
+  constexpr int kSets = kTiles == 3 ? 2 : 1;
+  const int lane = threadIdx.x % 32, tq = lane & 3;
+  const int wg = threadIdx.x / 128;
+  constexpr uint32_t kHalfBytes = 4u * kCo * 32;  // a 32-pixel half of the tile
+
+  uint32_t a_big[2][kSets][4];
+  [[maybe_unused]] uint32_t a_small[kSplit ? 2 : 1][kSets][4];
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    // Own half first: with three tiles, set 1 takes steps 0-3 only.
+    const int k = (kk + 4 * wg) & 7;
+    const int set = kk & 1;  // A registers alternate: a step's group retires a step later
+    const uint32_t px = xbase + 4u * (8 * k + tq) * sw;
+    const bool keep0 = !kMask || 8 * k + tq < cols;
+    const bool keep1 = !kMask || 8 * k + tq + 4 < cols;
+#pragma unroll
+    for (int s = 0; s < kSets; ++s) {
+      if (s == 1 && kk >= 4) continue;  // compile time
+      // (row gq, pixel tq), (gq + 8, tq), (gq, tq + 4), (gq + 8, tq + 4)
+      const uint32_t addr[4] = {px + aoff[s][0], px + aoff[s][1], px + aoff[s][0] + 16u * sw,
+                                px + aoff[s][1] + 16u * sw};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool keep = e < 2 ? keep0 : keep1;
+        const uint32_t big = __float_as_uint(lds_f32(addr[e]));
+        a_big[set][s][e] = keep ? big : 0u;
+        if constexpr (kSplit) {
+          const uint32_t small = __float_as_uint(lds_f32(addr[e] + small_bytes));
+          a_small[set][s][e] = keep ? small : 0u;
+        }
+      }
+    }
+    // Step k: 32 bytes into the 128-byte rows of half k / 4.
+    const uint32_t b_addr = go + (k >> 2) * kHalfBytes + (k & 3) * 32u;
+    const uint64_t big = wgmma_desc_sw128(b_addr);
+    wgmma_fence();
+    if constexpr (kSplit) {
+      const uint64_t small = wgmma_desc_sw128(b_addr + small_bytes);
+#pragma unroll
+      for (int s = 0; s < kSets; ++s) {
+        if (s == 1 && kk >= 4) continue;
+        // Small products first, then big * big; restarted every few steps.
+        wgmma_m64n64k8_tf32(tmp[s], a_small[set][s], big, kk % kStepsPerTemp != 0);
+        wgmma_m64n64k8_tf32(tmp[s], a_big[set][s], small, true);
+        wgmma_m64n64k8_tf32(tmp[s], a_big[set][s], big, true);
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < kSets; ++s) {
+        if (s == 1 && kk >= 4) continue;
+        wgmma_m64n64k8_tf32(acc[s], a_big[set][s], big, true);
+      }
+    }
+    wgmma_commit();
+    if (kSplit && kk % kStepsPerTemp == kStepsPerTemp - 1) {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int s = 0; s < kSets; ++s) {
+        if (s == 1 && kk >= 4) continue;
+        wgmma_fence_operands(tmp[s]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[s][j][r] += tmp[s][j][r];
+      }
+    } else {
+      // The group two steps back, whose A registers the next step rewrites.
+      wgmma_wait<1>();
+    }
+  }
+  // Nothing in flight past the stage: the next one's barrier recycles its
+  // buffers (and ptxas serialises wgmmas in flight across a loop's back edge).
+  wgmma_wait<0>();
+#pragma unroll
+  for (int s = 0; s < kSets; ++s) wgmma_fence_operands(acc[s]);
+}
+
+}  // namespace wgrad_tc
+}  // namespace cuda
+}  // namespace conv2d_ext
