@@ -1,5 +1,8 @@
-"""Package-level behaviour: version, build info, import diagnostics, benchmark CLI."""
+"""Package-level behaviour: version, build info, import diagnostics, benchmark CLI,
+the A/B script."""
+import importlib.util
 import json
+import pathlib
 
 import pytest
 import torch
@@ -48,3 +51,26 @@ def test_benchmark_cli_writes_records(tmp_path, capsys):
 def test_benchmark_rejects_unknown_shape():
     with pytest.raises(SystemExit, match="unknown shape"):
         benchmark.main(["--device", "cpu", "--shapes", "nope"])
+
+
+def test_ab_switch_script_restores_the_switch(capsys):
+    """scripts/ab_switch.py (an A/B of a test switch in one build) runs both
+    sides, prints them side by side and leaves the switch as it found it."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "ab_switch.py"
+    spec = importlib.util.spec_from_file_location("ab_switch", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ops = torch.ops.conv2d_ext
+    before = ops._set_few_channel_wgrad_wgmma(True)
+    try:
+        script.main(["few_channel_wgrad_wgmma", "--device", "cpu", "--shapes", "rgb_3x5",
+                     "--passes", "backward_weight", "--rounds", "1", "--quick"])
+        assert ops._set_few_channel_wgrad_wgmma(True) is True, "the switch was not restored"
+    finally:
+        ops._set_few_channel_wgrad_wgmma(before)
+    table = capsys.readouterr().out
+    row = [line for line in table.splitlines() if line.startswith("| rgb_3x5 | backward_weight | ieee |")]
+    assert len(row) == 1, table
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert float(cells[3]) > 0 and float(cells[4]) > 0
+    assert float(cells[7]) < 1e-5 and float(cells[8]) < 1e-5
