@@ -250,9 +250,9 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
     float* const buf = buffer(b);
     const uint32_t small_bytes = 4u * (2 - b) * buf_floats;  // big -> its small part
     // Small parts are left to the tensor cores' truncation: two
-    // instructions fewer (mma.cuh has the error bounds).
-    // wgmma reads grad_output where the threads stored it: fenced as for
-    // the tensor-copy engine.
+    // instructions fewer (mma.cuh has the error bounds). wgmma reads
+    // grad_output where the threads stored it: fenced as for the
+    // tensor-copy engine.
     small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kApart,
                                          /*kRoundSmall=*/false>(
         reinterpret_cast<float4*>(buf), reinterpret_cast<float4*>(smem + 2 * buf_floats),
