@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, HAS_CUDA, hopper_kernels, is_hopper_build, precision_of,
+from utils import (DEVICES, HAS_CUDA, hopper_kernels, is_hopper_build, op_switch, precision_of,
                    reduction_lengths, reference, rel_err, tf32_mode, tolerance)
 
 # (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation, groups, bias):
@@ -209,11 +209,8 @@ def test_cuda_sm90_pixels_in_m_kernels(case, precision):
     both modes."""
     if not is_hopper_build():
         pytest.skip("needs sm_90 and a build with sm_90a code")
-    previous = torch.ops.conv2d_ext._set_flat_kernels(False)
-    try:
+    with op_switch("flat_kernels", False):
         _run(case, "cuda", torch.float32)
-    finally:
-        torch.ops.conv2d_ext._set_flat_kernels(previous)
 
 
 def _pair(v):

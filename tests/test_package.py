@@ -69,7 +69,8 @@ def test_ab_switch_script_restores_the_switch(capsys):
     finally:
         ops._set_few_channel_wgrad_wgmma(before)
     table = capsys.readouterr().out
-    row = [line for line in table.splitlines() if line.startswith("| rgb_3x5 | backward_weight | ieee |")]
+    prefix = "| rgb_3x5 | backward_weight | ieee |"
+    row = [line for line in table.splitlines() if line.startswith(prefix)]
     assert len(row) == 1, table
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     assert float(cells[3]) > 0 and float(cells[4]) > 0

@@ -102,24 +102,23 @@ def is_hopper_build():
 
 
 @contextlib.contextmanager
+def op_switch(name, enabled):
+    """One of the op's test-only settings (`_set_<name>`) for the duration."""
+    setter = getattr(torch.ops.conv2d_ext, f"_set_{name}")
+    previous = setter(enabled)
+    try:
+        yield
+    finally:
+        setter(previous)
+
+
 def hopper_kernels(enabled):
     """The op's Hopper-only kernels (wgmma, tensor-copy engine) on or off for
     the duration: off runs the kernels that other GPUs run."""
-    ops = torch.ops.conv2d_ext
-    previous = ops._set_hopper_kernels(enabled)
-    try:
-        yield
-    finally:
-        ops._set_hopper_kernels(previous)
+    return op_switch("hopper_kernels", enabled)
 
 
-@contextlib.contextmanager
 def few_channel_wgrad_wgmma(enabled):
     """The few-channel tensor-core wgrad's wgmma stage (Hopper) on or off for
     the duration; off by default until it has run on a GPU."""
-    ops = torch.ops.conv2d_ext
-    previous = ops._set_few_channel_wgrad_wgmma(enabled)
-    try:
-        yield
-    finally:
-        ops._set_few_channel_wgrad_wgmma(previous)
+    return op_switch("few_channel_wgrad_wgmma", enabled)

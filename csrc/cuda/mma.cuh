@@ -399,6 +399,18 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kFrags][4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
 }
 
+// 3xTF32: adds a retired wgmma temporary to the accumulators with FADDs
+// (rounded to nearest, where the tensor cores truncate).
+template <int kFrags>
+__device__ __forceinline__ void wgmma_add_temporary(float (&acc)[kFrags][4],
+                                                    float (&tmp)[kFrags][4]) {
+  wgmma_fence_operands(tmp);
+#pragma unroll
+  for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] += tmp[j][i];
+}
+
 // D (64 x 64 per warpgroup; this warp's 16 rows as eight n8 fragments laid
 // out like mma.sync's) = A * B (+ D if accumulate). A: this warp's 16 x 8
 // TF32 fragment in registers (mma.sync m16n8k8 layout); B: 8 x 64 at desc.

@@ -330,13 +330,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
           if (k % 4 == 3) {
             wgmma_wait<0>();
 #pragma unroll
-            for (int t = 0; t < MT; ++t) {
-              wgmma_fence_operands(tmp[t]);
-#pragma unroll
-              for (int f = 0; f < 8; ++f)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[t][f][e] += tmp[t][f][e];
-            }
+            for (int t = 0; t < MT; ++t) wgmma_add_temporary(acc[t], tmp[t]);
           } else {
             wgmma_wait<1>();
           }

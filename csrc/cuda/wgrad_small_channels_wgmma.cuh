@@ -136,11 +136,7 @@ __device__ __forceinline__ void wgrad_stage_wgmma(float (&acc)[2][8][4], float (
 #pragma unroll
       for (int s = 0; s < kSets; ++s) {
         if (s == 1 && kk >= 4) continue;
-        wgmma_fence_operands(tmp[s]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc[s][j][r] += tmp[s][j][r];
+        wgmma_add_temporary(acc[s], tmp[s]);
       }
     } else {
       // The group two steps back, whose A registers the next step rewrites.
