@@ -259,7 +259,9 @@ def test_wgrad_wgmma_stage(case, precision):
 @cuda_only
 def test_wgrad_wgmma_stage_bitwise_reproducible(precision):
     """The wgmma stage's sums meet in a fixed order: an RGB stem's wgrad,
-    split over many blocks, is the same bits from call to call."""
+    split over many blocks, is the same bits from call to call, and not the
+    mma.sync stage's bits (another order of the same sums): the switch took
+    effect."""
     if not is_hopper_build():
         pytest.skip("the wgmma stage runs on Hopper builds only")
     n, cin, h, w, cout, k, _, _, _, groups, _ = REPRODUCIBLE[2]
@@ -273,6 +275,9 @@ def test_wgrad_wgmma_stage_bitwise_reproducible(precision):
     assert torch.isfinite(first).all(), f"non-finite grad_weight ({precision})"
     assert torch.equal(first, again), (f"grad_weight differs between calls, max difference "
                                        f"{(first - again).abs().max().item():.3g} ({precision})")
+    with few_channel_wgrad_wgmma(False):
+        mma_sync = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
+    assert not torch.equal(first, mma_sync), f"the same bits as the mma.sync stage ({precision})"
 
 
 @cuda_only
