@@ -293,9 +293,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
             float tmp[2][8][4];
             auto issue = [&](int f) {
               wgmma_fence();
-              wgmma_m64n64k8_tf32(tmp[f & 1], a_small[f], big, false);
-              wgmma_m64n64k8_tf32(tmp[f & 1], a_big[f], small, true);
-              wgmma_m64n64k8_tf32(tmp[f & 1], a_big[f], big, true);
+              wgmma_m64n64k8_3xtf32(tmp[f & 1], a_big[f], a_small[f], big, small, false);
               wgmma_commit();
             };
             auto add = [&](int f) {

@@ -439,6 +439,18 @@ __device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4],
 #endif
 }
 
+// 3xTF32 step into temporary d: small * big and big * small first, then
+// big * big, so that the tensor cores' truncation falls once per step at
+// the big products' size. `accumulate` false starts a fresh temporary.
+__device__ __forceinline__ void wgmma_m64n64k8_3xtf32(float (&d)[8][4], const uint32_t (&a_big)[4],
+                                                      const uint32_t (&a_small)[4],
+                                                      uint64_t big, uint64_t small,
+                                                      bool accumulate) {
+  wgmma_m64n64k8_tf32(d, a_small, big, accumulate);
+  wgmma_m64n64k8_tf32(d, a_big, small, true);
+  wgmma_m64n64k8_tf32(d, a_big, big, true);
+}
+
 // D (64 x 256 per warpgroup; this warp's 16 rows as 32 n8 fragments laid
 // out like mma.sync's) = A * B (+ D if accumulate), both operands from
 // shared memory: A (64 x 8) at desc_a, B (8 x 256) at desc_b. With A in

@@ -311,10 +311,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
           const uint64_t small = wgmma_desc_sw128(step_addr + b_small_bytes);
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
-            // Small products first, then big * big; restarted every 4 steps.
-            wgmma_m64n64k8_tf32(tmp[t], a_small[set][t], big, k % 4 != 0);
-            wgmma_m64n64k8_tf32(tmp[t], a_big[set][t], small, true);
-            wgmma_m64n64k8_tf32(tmp[t], a_big[set][t], big, true);
+            // Restarted every 4 steps.
+            wgmma_m64n64k8_3xtf32(tmp[t], a_big[set][t], a_small[set][t], big, small, k % 4 != 0);
           }
         } else {
 #pragma unroll

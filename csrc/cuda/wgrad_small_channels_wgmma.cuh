@@ -118,10 +118,8 @@ __device__ __forceinline__ void wgrad_stage_wgmma(float (&acc)[2][8][4], float (
 #pragma unroll
       for (int s = 0; s < kSets; ++s) {
         if (s == 1 && kk >= 4) continue;
-        // Small products first, then big * big; restarted every few steps.
-        wgmma_m64n64k8_tf32(tmp[s], a_small[set][s], big, kk % kStepsPerTemp != 0);
-        wgmma_m64n64k8_tf32(tmp[s], a_big[set][s], small, true);
-        wgmma_m64n64k8_tf32(tmp[s], a_big[set][s], big, true);
+        wgmma_m64n64k8_3xtf32(tmp[s], a_big[set][s], a_small[set][s], big, small,
+                              kk % kStepsPerTemp != 0);
       }
     } else {
 #pragma unroll
