@@ -38,8 +38,8 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // FFMA kernel (the default), so that the 3xTF32 tensor-core wgrad stays
   // tested on small shapes.
   m.def("_set_short_wgrad_direct(bool enable) -> bool", &conv2d_ext::set_short_wgrad_direct);
-  // Whether the few-channel tensor-core wgrad runs its wgmma stage on Hopper
-  // (off by default until it has run on a GPU; see plan.h).
+  // Whether the few-channel tensor-core wgrad runs its IEEE-mode stage on
+  // wgmma on Hopper (the default) or on mma.sync (see plan.h).
   m.def("_set_few_channel_wgrad_wgmma(bool enable) -> bool",
         &conv2d_ext::set_few_channel_wgrad_wgmma);
   // The algorithm a pass ('forward', 'backward_input', 'backward_weight')

@@ -18,7 +18,7 @@ namespace {
 std::atomic<bool> g_hopper_kernels{true};
 std::atomic<bool> g_flat_kernels{true};
 std::atomic<bool> g_short_wgrad_direct{true};
-std::atomic<bool> g_few_channel_wgrad_wgmma{false};
+std::atomic<bool> g_few_channel_wgrad_wgmma{true};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }

@@ -71,9 +71,10 @@ bool set_flat_kernels(bool enable);
 // tensor-core wgrad kernels stay covered on small shapes.
 bool set_short_wgrad_direct(bool enable);
 
-// Off by default until it has run on a GPU: whether the few-channel
-// tensor-core wgrad (RGB stems) runs its wgmma stage on Hopper instead of
-// mma.sync. Returns the previous setting.
+// Whether the few-channel tensor-core wgrad (RGB stems) runs its 3xTF32
+// (IEEE mode) stage on wgmma on Hopper (the default) or on mma.sync, as
+// other GPUs do: off keeps that stage tested on Hopper. Returns the
+// previous setting.
 bool set_few_channel_wgrad_wgmma(bool enable);
 bool few_channel_wgrad_wgmma(int sm);
 

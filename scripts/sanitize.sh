@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (47 tests):
+# Default subset (59 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -53,14 +53,14 @@
 #   engine with a partial second channel tile (case 21). On Hopper it runs
 #   on wgmma, and cases 33 (several stages per block) and 34 (two groups,
 #   stride 2) store its output by the tensor-copy engine, in both modes.
-# - tests/test_small_channels.py::test_wgrad_wgmma_stage: the few-channel
-#   wgrad's wgmma stage (Hopper; off by default until it has run on a GPU)
-#   in both modes on cases 13 (three m64 tiles of rows in one block), 14
-#   (one tile, its warpgroups splitting the pixels), 35 (two tiles) and 36
-#   (three and one, a partial last stage), whose grad_output rows (15 to 70
-#   floats, not multiples of 4) are staged by async copies into the
-#   swizzled layout, and 30 (three tiles, two groups) and 33 (one tile, two
-#   channel tiles), staged by the tensor-copy engine.
+# - tests/test_small_channels.py::test_wgrad_3xtf32_stages_on_hopper: the
+#   few-channel wgrad's 3xTF32 stages on Hopper: mma.sync on cases 13 and
+#   30; wgmma (the default there) on cases 13 (three m64 tiles of rows in
+#   one block), 14 (one tile, its warpgroups splitting the pixels), 35 (two
+#   tiles) and 36 (three and one, a partial last stage), whose grad_output
+#   rows (15 to 70 floats, not multiples of 4) are staged by async copies
+#   into the swizzled layout, and 30 (three tiles, two groups) and 33 (one
+#   tile, two channel tiles), staged by the tensor-copy engine.
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -96,10 +96,11 @@ else
     tests+=("tests/test_small_channels.py::test_small_channels_against_float64[ieee-cuda-case$c]")
   done
   tests+=("tests/test_small_channels.py::test_small_channels_without_copy_engine[tf32-case17]")
-  for mode in tf32 ieee; do
-    for c in 13 14 30 33 35 36; do
-      tests+=("tests/test_small_channels.py::test_wgrad_wgmma_stage[$mode-case$c]")
-    done
+  for c in 13 14 30 33 35 36; do
+    tests+=("tests/test_small_channels.py::test_wgrad_3xtf32_stages_on_hopper[case$c-wgmma]")
+  done
+  for c in 13 30; do
+    tests+=("tests/test_small_channels.py::test_wgrad_3xtf32_stages_on_hopper[case$c-mma_sync]")
   done
 fi
 

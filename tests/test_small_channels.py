@@ -74,9 +74,11 @@ CASES = [
     (1, 6, 21, 47, 128, (3, 3), 2, 1, 1, 2, False),
     # The tensor-core wgrad's rows ((channel, tap) pairs) in m64 tiles, a
     # block taking up to three: 75 pairs (two tiles), and 196 (four: one
-    # block of three and one of one), with a partial last stage of a row.
+    # block of three and one of one), with a partial last stage of a row
+    # (unit stride: at stride 2 the FFMA forward's wide tile of 4 channels
+    # of 7x7 taps outgrows its shared memory and the forward runs direct).
     (2, 3, 29, 70, 24, (5, 5), 1, 2, 1, 1, True),
-    (1, 4, 23, 45, 12, (7, 7), 2, 3, 1, 1, False),
+    (1, 4, 23, 45, 12, (7, 7), 1, 3, 1, 1, False),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.
@@ -244,40 +246,45 @@ TC_WGRAD = [i for i, c in enumerate(CASES) if _wide(c)]
 
 
 @cuda_only
+@pytest.mark.parametrize("stage", ["wgmma", "mma_sync"])
 @pytest.mark.parametrize("case", [CASES[i] for i in TC_WGRAD], ids=[f"case{i}" for i in TC_WGRAD])
-def test_wgrad_wgmma_stage(case, precision):
-    """The tensor-core wgrad of more than 4 output channels per group with
-    its wgmma stage on Hopper (switched off by default until it has run on
-    a GPU): one to three m64 tiles of rows a block, both modes, against
-    float64 (IEEE mode to the IEEE bound, as for mma.sync)."""
+def test_wgrad_3xtf32_stages_on_hopper(case, stage):
+    """The tensor-core wgrad of more than 4 output channels per group in IEEE
+    mode (3xTF32) on Hopper, with each of its stages: wgmma (the default:
+    one to three m64 tiles of rows a block) and mma.sync (as other GPUs run
+    it), against float64 to the IEEE bound. TF32 mode runs mma.sync."""
     if not is_hopper_build():
         pytest.skip("the wgmma stage runs on Hopper builds only")
-    with few_channel_wgrad_wgmma(True):
+    with tf32_mode(False), few_channel_wgrad_wgmma(stage == "wgmma"):
         _run(case, "cuda", torch.float32)
 
 
 @cuda_only
-def test_wgrad_wgmma_stage_bitwise_reproducible(precision):
-    """The wgmma stage's sums meet in a fixed order: an RGB stem's wgrad,
-    split over many blocks, is the same bits from call to call, and not the
-    mma.sync stage's bits (another order of the same sums): the switch took
-    effect."""
+def test_wgrad_wgmma_stage_bitwise_reproducible():
+    """The wgmma stage's sums meet in a fixed order: an RGB stem's wgrad in
+    IEEE mode, split over many blocks, is the same bits from call to call,
+    and not the mma.sync stage's bits (another order of the same sums): the
+    switch took effect."""
     if not is_hopper_build():
         pytest.skip("the wgmma stage runs on Hopper builds only")
-    n, cin, h, w, cout, k, _, _, _, groups, _ = REPRODUCIBLE[2]
-    geometry = _geometry(REPRODUCIBLE[2])
+    # Whole 64-pixel stages: where a stage has 32 pixels (REPRODUCIBLE's
+    # stem), the steps whose order differs add zeros.
+    case = (2, 3, 256, 256, 64, (7, 7), 2, 3, 1, 1, False)
+    n, cin, h, w, cout, k, _, _, _, groups, _ = case
+    geometry = _geometry(case)
     x = torch.randn(n, cin, h, w, device="cuda")
     wt = torch.randn(cout, cin // groups, *k, device="cuda")
-    gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
-    with few_channel_wgrad_wgmma(True):
-        first = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
-        again = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
-    assert torch.isfinite(first).all(), f"non-finite grad_weight ({precision})"
+    with tf32_mode(False):
+        gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
+        with few_channel_wgrad_wgmma(True):
+            first = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
+            again = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
+        with few_channel_wgrad_wgmma(False):
+            mma_sync = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
+    assert torch.isfinite(first).all(), "non-finite grad_weight"
     assert torch.equal(first, again), (f"grad_weight differs between calls, max difference "
-                                       f"{(first - again).abs().max().item():.3g} ({precision})")
-    with few_channel_wgrad_wgmma(False):
-        mma_sync = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
-    assert not torch.equal(first, mma_sync), f"the same bits as the mma.sync stage ({precision})"
+                                       f"{(first - again).abs().max().item():.3g}")
+    assert not torch.equal(first, mma_sync), "the same bits as the mma.sync stage"
 
 
 @cuda_only

@@ -119,6 +119,6 @@ def hopper_kernels(enabled):
 
 
 def few_channel_wgrad_wgmma(enabled):
-    """The few-channel tensor-core wgrad's wgmma stage (Hopper) on or off for
-    the duration; off by default until it has run on a GPU."""
+    """The few-channel tensor-core wgrad's 3xTF32 stage on Hopper: wgmma (on,
+    the default) or mma.sync (off, as other GPUs run it) for the duration."""
     return op_switch("few_channel_wgrad_wgmma", enabled)

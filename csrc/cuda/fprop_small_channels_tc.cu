@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
     if (s + step < total) stage(s + step, b ^ 1);  // flies under this stage's work
     cp_async_commit();
     small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kPairs,
-                                         /*kRoundSmall=*/true>(
+                                         /*kRoundSmall=*/true, /*kBatch=*/1>(
         reinterpret_cast<float4*>(buffer(b)), reinterpret_cast<float4*>(split_buf),
         L.buffer_floats / 4, tma);
 

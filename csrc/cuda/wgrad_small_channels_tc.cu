@@ -1,10 +1,10 @@
 // wgrad for few input channels per group and many output channels (RGB
-// stems) on TF32 tensor cores (mma.sync, sm_80+; on Hopper, where switched
-// on, wgmma: wgrad_small_channels_wgmma.cuh): TF32 in TF32 mode, 3xTF32
-// in IEEE mode. The FFMA wide kernel (wgrad_small_channels.cu) tops out near
-// a quarter of the FFMA peak, while this GEMM's operands are few bytes per
-// product: the stem's 7.55 GFLOP take 15 us at the TF32 peak, 45 us in
-// 3xTF32, against 45 us to read its 122 MB once.
+// stems) on TF32 tensor cores (mma.sync, sm_80+): TF32 in TF32 mode, 3xTF32
+// in IEEE mode (on Hopper by wgmma: wgrad_small_channels_wgmma.cuh). The
+// FFMA wide kernel (wgrad_small_channels.cu) tops out near a quarter of
+// the FFMA peak, while this GEMM's operands are few bytes per product: the
+// stem's 7.55 GFLOP take 15 us at the TF32 peak, 45 us in 3xTF32, against
+// 45 us to read its 122 MB once.
 //
 // GEMM view per group: M = Cout/groups (64-channel tiles), N = Cin/groups *
 // KH * KW (the (input channel, tap) columns), K = N*Ho*Wo output pixels, split
@@ -83,15 +83,18 @@ __device__ __forceinline__ int go_swizzled(int row, int col) {
          ((((col & 31) >> 2) ^ (row & 7)) << 2) + (col & 3);
 }
 
-// kWgmma: Hopper's warpgroup MMA (sm_90a code only; see
-// wgrad_small_channels_wgmma.cuh).
+// kWgmma: Hopper's warpgroup MMA in 3xTF32 (sm_90a code only; see
+// wgrad_small_channels_wgmma.cuh). TF32 stays on mma.sync: two blocks an
+// SM of it measured faster than one of wgmma (rgb_3x5 0.147 ms against
+// 0.170, H100), and no faster on the stem.
 template <bool kSplit, bool kWgmma>
-__global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
+__global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     wgrad_tc_kernel(const __grid_constant__ CUtensorMap x_map,
                     const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                     const float* __restrict__ grad_out, const float* __restrict__ x,
                     float* __restrict__ partial, bool vec, bool vec_go, bool tma, int halo_rows,
                     int pitch, int n_parts, int stages_per_slice) {
+  static_assert(kSplit || !kWgmma, "the wgmma stage is 3xTF32 only");
   extern __shared__ float4 smem4[];
   __shared__ uint64_t staged[2];
   // The swizzle's atoms are 1024-byte aligned (the launch adds the slack).
@@ -186,17 +189,29 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
-  auto origin = [&](int s, int& n, int& oh, int& ow0) {
-    n = s / ptiles;
-    const int pt = s - n * ptiles;
-    oh = pt / tiles_w;
-    ow0 = (pt - oh * tiles_w) * sc::kTileCols;
+  // Stage s is (image n, output row oh, columns from ow0), ow0 fastest.
+  // Cursors step by one stage with carries: the divisions of a stage's
+  // origin were a sixth of the RGB wgrad's stall samples (H100, IEEE).
+  struct Origin {
+    int n, oh, ow0;
+  };
+  auto origin = [&](int s) {
+    const int n = s / ptiles, pt = s - n * ptiles, oh = pt / tiles_w;
+    return Origin{n, oh, (pt - oh * tiles_w) * sc::kTileCols};
+  };
+  auto next = [&](Origin& o) {
+    if ((o.ow0 += sc::kTileCols) >= Wo) {
+      o.ow0 = 0;
+      if (++o.oh == Ho) {
+        o.oh = 0;
+        ++o.n;
+      }
+    }
   };
   small_channels::CopyRing<2> ring(staged, tma);
   const uint32_t stage_bytes = 4u * (go_floats + cin_g * plane);
-  auto stage = [&](int s, int b) {
-    int n, oh, ow0;
-    origin(s, n, oh, ow0);
+  auto stage = [&](const Origin& o, int b) {
+    const auto [n, oh, ow0] = o;
     float* dst = buffer(b);
     const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
     if (tma) {
@@ -233,10 +248,11 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
                                plane, vec);
   };
 
-  if (first < last) stage(first, 0);
+  Origin ahead = origin(first), cur = ahead;
+  if (first < last) stage(ahead, 0);
   cp_async_commit();
   int steps_in_temp = 0;
-  for (int s = first; s < last; ++s) {
+  for (int s = first; s < last; ++s, next(cur)) {
     const int b = (s - first) & 1;
     if (tma) {
       ring.wait(b);
@@ -244,7 +260,8 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       cp_async_wait<0>();
     }
     __syncthreads();  // stage s has landed; every warp is done with stage s - 1
-    if (s + 1 < last) stage(s + 1, b ^ 1);  // flies under this stage's work
+    next(ahead);
+    if (s + 1 < last) stage(ahead, b ^ 1);  // flies under this stage's work
     cp_async_commit();
     // Round (TF32) or split (3xTF32) the stage in place, once per block.
     float* const buf = buffer(b);
@@ -254,11 +271,11 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
     // grad_output where the threads stored it: fenced as for the
     // tensor-copy engine.
     small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kApart,
-                                         /*kRoundSmall=*/false>(
-        reinterpret_cast<float4*>(buf), reinterpret_cast<float4*>(smem + 2 * buf_floats),
+                                         /*kRoundSmall=*/false,
+                                         /*kBatch=*/kSplit ? 4 : 1>(
+        reinterpret_cast<float4*>(buf), reinterpret_cast<float4*>(buffer(2)),
         buf_floats / 4, tma || kWgmma);
-    int n, oh, ow0;
-    origin(s, n, oh, ow0);
+    const int ow0 = cur.ow0;
     const int cols = min(sc::kTileCols, Wo - ow0);
     if constexpr (kWgmma) {
       const uint32_t base = smem_addr(buf);
@@ -266,11 +283,11 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       auto run = [&](auto tiles) {
         constexpr int kTiles = decltype(tiles)::value;
         if (cols == sc::kTileCols) {
-          wgrad_tc::wgrad_stage_wgmma<kSplit, kTiles, false>(wacc, wtmp, aoff, xbase, base,
-                                                              small_bytes, sw, cols);
+          wgrad_tc::wgrad_stage_wgmma<kTiles, false>(wacc, wtmp, aoff, xbase, base, small_bytes,
+                                                     sw, cols);
         } else {
-          wgrad_tc::wgrad_stage_wgmma<kSplit, kTiles, true>(wacc, wtmp, aoff, xbase, base,
-                                                             small_bytes, sw, cols);
+          wgrad_tc::wgrad_stage_wgmma<kTiles, true>(wacc, wtmp, aoff, xbase, base, small_bytes,
+                                                    sw, cols);
         }
       };
       switch (w_tiles) {
@@ -439,9 +456,9 @@ void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_
   const int64_t stages = p.batch * p.out_h * ceil_div(p.out_w, sc::kTileCols);
   TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the small-channel wgrad");
-  const bool wgmma = few_channel_wgrad_wgmma(current_sm());
+  const bool wgmma = split && few_channel_wgrad_wgmma(current_sm());
   const small_channels::Split sp = small_channels::split_stages(
-      blocks_x, stages, split || wgmma ? 1 : 2, grad_w, p.weight_numel());
+      blocks_x, stages, split ? 1 : 2, grad_w, p.weight_numel());
   const size_t smem = static_cast<size_t>(sc::wgrad_tc_smem_bytes(p, split));
   const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
   const bool vec_go = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
@@ -454,8 +471,9 @@ void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_
                             static_cast<uint32_t>(p.in_channels_per_group()), 1);
     go_map = nchw_tensor_map(grad_out, 32, 1, sc::kWgradTcCo, 1, /*swizzle_128b=*/true);
   }
-  auto kernel = wgmma ? (split ? wgrad_tc_kernel<true, true> : wgrad_tc_kernel<false, true>)
-                      : (split ? wgrad_tc_kernel<true, false> : wgrad_tc_kernel<false, false>);
+  auto kernel = wgmma   ? wgrad_tc_kernel<true, true>
+                : split ? wgrad_tc_kernel<true, false>
+                        : wgrad_tc_kernel<false, false>;
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, sp.slices), kBlock, smem, at::cuda::getCurrentCUDAStream()>>>(
       x_map, go_map, p, grad_out.data_ptr<float>(), x.data_ptr<float>(),

@@ -1,7 +1,8 @@
-// The few-channel wgrad's stage on Hopper (sm_90a code only), for the
-// kernel in wgrad_small_channels_tc.cu: that kernel stages grad_output and
-// the input halo, and rounds or splits them, for this stage and for the
-// mma.sync one of other GPUs.
+// The few-channel wgrad's 3xTF32 stage on Hopper (IEEE mode, sm_90a code
+// only), for the kernel in wgrad_small_channels_tc.cu: that kernel stages
+// grad_output and the input halo, and splits them, for this stage and for
+// the mma.sync one of other GPUs (and of TF32 mode, faster there: see the
+// kernel).
 //
 // The GEMM turned around, as in the sm_90 wgrad (wgrad_sm90.cu): M = the
 // group's (input channel, tap) rows in m64 tiles, N = the block's 64 output
@@ -21,9 +22,9 @@
 // at compile time. Where both warpgroups hold a tile, their sums meet at
 // the end in warpgroup order.
 //
-// 3xTF32 (IEEE mode): small*big + big*small + big*big of each step go into
-// a temporary per tile, restarted every kStepsPerTemp steps and added to the
-// accumulators with FADDs (the tensor cores truncate as they accumulate).
+// small*big + big*small + big*big of each step go into a temporary per
+// tile, restarted every kStepsPerTemp steps and added to the accumulators
+// with FADDs (the tensor cores truncate as they accumulate).
 #pragma once
 
 #include <cstdint>
@@ -40,10 +41,10 @@ namespace sc = conv2d_ext::small_channels;
 
 constexpr int kCo = sc::kWgradTcCo;
 constexpr int kMaxTiles = 3;       // m64 tiles of (channel, tap) rows per block
-// 3xTF32: six products per temporary, as in the mma.sync stage, whose
-// errors (2.5-2.9e-7 on the RGB layers against cuDNN's 6.5-9.3e-7) are
-// known; the sm_90 wgrad's four steps had a small margin.
-constexpr int kStepsPerTemp = 2;
+// Four steps (twelve products) per temporary, as in the sm_90 wgrad: two
+// measured 2% slower on rgb_3x5 for the same errors (3.2-3.3e-7; stem
+// 2.8e-7 and 3.0e-7 with four; cuDNN's 9.4e-7 and 6.5e-7; H100).
+constexpr int kStepsPerTemp = 4;
 static_assert(8 % kStepsPerTemp == 0 && 4 % kStepsPerTemp == 0, "whole temporaries a stage");
 static_assert(kMaxTiles * 64 == sc::kWgradTcWarpN * 8 * (sc::kThreads / 32),
               "a block's rows: the same parts as the mma.sync kernel's");
@@ -71,7 +72,7 @@ __device__ __forceinline__ WgmmaTiles wgmma_tiles(int tiles, int wg) {
 // `xbase`, the halo at the stage's first column; `go`: the stage's
 // grad_output tile; `small_bytes`: from a big part to its small part (both
 // operands).
-template <bool kSplit, int kTiles, bool kMask>
+template <int kTiles, bool kMask>
 __device__ __forceinline__ void wgrad_stage_wgmma(float (&acc)[2][8][4], float (&tmp)[2][8][4],
                                                   const uint32_t (&aoff)[2][2], uint32_t xbase,
                                                   uint32_t go, uint32_t small_bytes, int sw,
@@ -82,19 +83,22 @@ __device__ __forceinline__ void wgrad_stage_wgmma(float (&acc)[2][8][4], float (
   const int wg = threadIdx.x / 128;
   constexpr uint32_t kHalfBytes = 4u * kCo * 32;  // a 32-pixel half of the tile
 
-  uint32_t a_big[2][kSets][4];
-  [[maybe_unused]] uint32_t a_small[kSplit ? 2 : 1][kSets][4];
-#pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) {
-    // Own half first: with three tiles, set 1 takes steps 0-3 only.
-    const int k = (kk + 4 * wg) & 7;
-    const int set = kk & 1;  // A registers alternate: a step's group retires a step later
+  // A register sets: one per step where a warpgroup takes a single tile's
+  // four or eight steps (all its loads go out before the first wgmma waits
+  // on them: the LDS latency in front of each step was a tenth of the RGB
+  // wgrad's stall samples); else two, a step's rewritten two steps later,
+  // once its group has retired.
+  constexpr int kDepth = kSets == 1 ? kSteps : 2;
+  uint32_t a_big[kDepth][kSets][4], a_small[kDepth][kSets][4];
+  auto step_of = [&](int kk) { return (kk + 4 * wg) & 7; };  // own half first
+  auto load_a = [&](int kk) {
+    const int k = step_of(kk), set = kk % kDepth;
     const uint32_t px = xbase + 4u * (8 * k + tq) * sw;
     const bool keep0 = !kMask || 8 * k + tq < cols;
     const bool keep1 = !kMask || 8 * k + tq + 4 < cols;
 #pragma unroll
     for (int s = 0; s < kSets; ++s) {
-      if (s == 1 && kk >= 4) continue;  // compile time
+      if (s == 1 && kk >= 4) continue;  // with three tiles, set 1 takes steps 0-3 only
       // (row gq, pixel tq), (gq + 8, tq), (gq, tq + 4), (gq + 8, tq + 4)
       const uint32_t addr[4] = {px + aoff[s][0], px + aoff[s][1], px + aoff[s][0] + 16u * sw,
                                 px + aoff[s][1] + 16u * sw};
@@ -102,43 +106,41 @@ __device__ __forceinline__ void wgrad_stage_wgmma(float (&acc)[2][8][4], float (
       for (int e = 0; e < 4; ++e) {
         const bool keep = e < 2 ? keep0 : keep1;
         const uint32_t big = __float_as_uint(lds_f32(addr[e]));
+        const uint32_t small = __float_as_uint(lds_f32(addr[e] + small_bytes));
         a_big[set][s][e] = keep ? big : 0u;
-        if constexpr (kSplit) {
-          const uint32_t small = __float_as_uint(lds_f32(addr[e] + small_bytes));
-          a_small[set][s][e] = keep ? small : 0u;
-        }
+        a_small[set][s][e] = keep ? small : 0u;
       }
     }
+  };
+  if constexpr (kDepth == kSteps) {
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) load_a(kk);
+  }
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const int k = step_of(kk), set = kk % kDepth;
+    if constexpr (kDepth != kSteps) load_a(kk);
     // Step k: 32 bytes into the 128-byte rows of half k / 4.
     const uint32_t b_addr = go + (k >> 2) * kHalfBytes + (k & 3) * 32u;
     const uint64_t big = wgmma_desc_sw128(b_addr);
+    const uint64_t small = wgmma_desc_sw128(b_addr + small_bytes);
     wgmma_fence();
-    if constexpr (kSplit) {
-      const uint64_t small = wgmma_desc_sw128(b_addr + small_bytes);
 #pragma unroll
-      for (int s = 0; s < kSets; ++s) {
-        if (s == 1 && kk >= 4) continue;
-        wgmma_m64n64k8_3xtf32(tmp[s], a_big[set][s], a_small[set][s], big, small,
-                              kk % kStepsPerTemp != 0);
-      }
-    } else {
-#pragma unroll
-      for (int s = 0; s < kSets; ++s) {
-        if (s == 1 && kk >= 4) continue;
-        wgmma_m64n64k8_tf32(acc[s], a_big[set][s], big, true);
-      }
+    for (int s = 0; s < kSets; ++s) {
+      if (s == 1 && kk >= 4) continue;
+      wgmma_m64n64k8_3xtf32(tmp[s], a_big[set][s], a_small[set][s], big, small,
+                            kk % kStepsPerTemp != 0);
     }
     wgmma_commit();
-    if (kSplit && kk % kStepsPerTemp == kStepsPerTemp - 1) {
+    if (kk % kStepsPerTemp == kStepsPerTemp - 1) {
       wgmma_wait<0>();
 #pragma unroll
       for (int s = 0; s < kSets; ++s) {
         if (s == 1 && kk >= 4) continue;
         wgmma_add_temporary(acc[s], tmp[s]);
       }
-    } else {
-      // The group two steps back, whose A registers the next step rewrites.
-      wgmma_wait<1>();
+    } else if constexpr (kDepth != kSteps) {
+      wgmma_wait<1>();  // the group whose A registers the next step rewrites
     }
   }
   // Nothing in flight past the stage: the next one's barrier recycles its
