@@ -165,17 +165,19 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
   const int per_image = (Ho + kRows - 1) / kRows * tiles_w;
   const int total = p.batch * per_image;
   const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
-  auto origin = [&](int s, int& n, int& oh0, int& ow0) {
-    n = s / per_image;
-    const int t = s - n * per_image;
-    oh0 = t / tiles_w * kRows;
-    ow0 = (t - t / tiles_w * tiles_w) * sc::kTileCols;
+  // Stage s is (image n, output rows from oh0, columns from ow0); each
+  // stage's origin is found once, when it is staged, and kept for its work.
+  struct Origin {
+    int n, oh0, ow0;
+  };
+  auto origin = [&](int s) {
+    const int n = s / per_image, t = s - n * per_image, th = t / tiles_w;
+    return Origin{n, th * kRows, (t - th * tiles_w) * sc::kTileCols};
   };
   small_channels::CopyRing<2> ring(staged, tma);
   const uint32_t stage_bytes = 4u * cin_g * plane;
-  auto stage = [&](int s, int b) {
-    int n, oh0, ow0;
-    origin(s, n, oh0, ow0);
+  auto stage = [&](const Origin& o, int b) {
+    const auto [n, oh0, ow0] = o;
     float* dst = buffer(b);
     const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
     if (tma) {
@@ -204,26 +206,30 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
   const uint32_t col_step = kElem * 8 * sw;
 
   const int first = blockIdx.x, step = gridDim.x;
-  if (first < total) stage(first, 0);
+  Origin ahead = origin(first);
+  if (first < total) stage(ahead, 0);
   cp_async_commit();
   int it = 0;
   for (int s = first; s < total; s += step, ++it) {
     const int b = it & 1;
+    const auto [n, oh0, ow0] = ahead;
     if (tma) {
       ring.wait(b);
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();  // stage s has landed; every warp is done with s - step
-    if (s + step < total) stage(s + step, b ^ 1);  // flies under this stage's work
+    if (s + step < total) {
+      ahead = origin(s + step);
+      stage(ahead, b ^ 1);  // flies under this stage's work
+    }
     cp_async_commit();
     small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kPairs,
-                                         /*kRoundSmall=*/true, /*kBatch=*/1>(
+                                         /*kRoundSmall=*/true,
+                                         /*kBatch=*/kSplit || kWgmma ? 4 : 1>(
         reinterpret_cast<float4*>(buffer(b)), reinterpret_cast<float4*>(split_buf),
         L.buffer_floats / 4, tma);
 
-    int n, oh0, ow0;
-    origin(s, n, oh0, ow0);
     if constexpr (kWgmma) {
       fprop_tc::fprop_stage_wgmma<kSplit, kSW>(
           p, L, k_table, bias_s, smem_addr(kSplit ? split_buf : buffer(b)), smem_addr(w_big), y,
