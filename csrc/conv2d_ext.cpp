@@ -42,6 +42,10 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // wgmma on Hopper (the default) or on mma.sync (see plan.h).
   m.def("_set_few_channel_wgrad_wgmma(bool enable) -> bool",
         &conv2d_ext::set_few_channel_wgrad_wgmma);
+  // Whether TF32-mode few-channel dgrad runs on tensor cores, all stride
+  // phases at once (the default), or on the FFMA gather (see plan.h).
+  m.def("_set_few_channel_dgrad_tc(bool enable) -> bool",
+        &conv2d_ext::set_few_channel_dgrad_tc);
   // The algorithm a pass ('forward', 'backward_input', 'backward_weight')
   // of a convolution of these forward arguments would run now, e.g. for
   // tests to check which kernels they cover.

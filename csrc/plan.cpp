@@ -19,6 +19,7 @@ std::atomic<bool> g_hopper_kernels{true};
 std::atomic<bool> g_flat_kernels{true};
 std::atomic<bool> g_short_wgrad_direct{true};
 std::atomic<bool> g_few_channel_wgrad_wgmma{true};
+std::atomic<bool> g_few_channel_dgrad_tc{true};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
@@ -40,6 +41,8 @@ bool set_few_channel_wgrad_wgmma(bool enable) {
 bool few_channel_wgrad_wgmma(int sm) {
   return hopper_kernels(sm) && g_few_channel_wgrad_wgmma.load(std::memory_order_relaxed);
 }
+
+bool set_few_channel_dgrad_tc(bool enable) { return g_few_channel_dgrad_tc.exchange(enable); }
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws
@@ -107,6 +110,13 @@ Algo small_channel_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
   // tensor cores. IEEE mode keeps short reductions on FFMA, as above.
   if (pass == Pass::kWgrad && sc::wgrad_tc_fits(p, math == MathMode::kIEEE) &&
       !(math == MathMode::kIEEE && short_wgrad(p))) {
+    return Algo::kFewChannelsTensorCore;
+  }
+  // TF32-mode dgrad of every stride phase at once (RGB stems at stride 2):
+  // the FFMA gather sits near a third of the FFMA peak. 3xTF32 on the same
+  // kernel measured slower than the gather: IEEE mode keeps it.
+  if (pass == Pass::kDgrad && math == MathMode::kTF32 &&
+      g_few_channel_dgrad_tc.load(std::memory_order_relaxed) && sc::dgrad_tc_fits(p)) {
     return Algo::kFewChannelsTensorCore;
   }
   // The forward of wide tiles likewise: the FFMA kernel is issue-bound near

@@ -78,6 +78,12 @@ bool set_short_wgrad_direct(bool enable);
 bool set_few_channel_wgrad_wgmma(bool enable);
 bool few_channel_wgrad_wgmma(int sm);
 
+// Whether TF32-mode dgrad of few input channels runs every stride phase at
+// once on tensor cores (RGB stems at stride 2; the default) or on the FFMA
+// gather (off: keeps the gather tested on those shapes in TF32 mode).
+// Returns the previous setting.
+bool set_few_channel_dgrad_tc(bool enable);
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 

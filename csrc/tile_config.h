@@ -848,6 +848,79 @@ inline bool fprop_tc_fits(const ConvParams& p, bool split, int sm) {
              igemm_wgrad::max_block_smem_bytes(sm) - kFpropTcStaticSmemBytes;
 }
 
+// dgrad on tensor cores for wide tiles (dgrad_small_channels_tc.cu): every
+// stride phase of the input at once. Position (i, j) of the phase grid
+// stands for input pixels (i * stride + py, j * stride + px) for each phase
+// (py, px); each is a sum over output channels and grad_output offsets
+// (i + dh, j + dw) within one window shared by all phases, with zero
+// weights where a phase's taps do not reach an offset. GEMM per group: M =
+// the phase grid's positions (kDgradTcRows x kTileCols a stage), N = (py,
+// px, input channel) rows, at most one m16 tile (kDgradTcN), K = (output
+// channel, dh, dw), staged kDgradTcChunk output channels at a time.
+constexpr int kDgradTcRows = 4;
+constexpr int kDgradTcN = 16;
+constexpr int kDgradTcChunk = 8;
+// The window of grad_output offsets along one dimension: tap k reaches
+// phase ph from offset (ph + pad - k * dil) / stride where that divides.
+struct DgradTcWindow {
+  int first = 0, count = 0;  // offsets first .. first + count - 1
+};
+inline DgradTcWindow dgrad_tc_window(int64_t kernel, int64_t stride, int64_t pad, int64_t dil) {
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (int64_t ph = 0; ph < stride; ++ph)
+    for (int64_t k = 0; k < kernel; ++k) {
+      const int64_t num = ph + pad - k * dil;
+      if (((num % stride) + stride) % stride != 0) continue;
+      lo = std::min(lo, num / stride);
+      hi = std::max(hi, num / stride);
+    }
+  DgradTcWindow w;
+  if (lo <= hi && hi - lo < 64) {
+    w.first = static_cast<int>(lo);
+    w.count = static_cast<int>(hi - lo + 1);
+  }
+  return w;
+}
+// Shared memory (floats): the k offset table, then two ring buffers, each
+// a chunk's grad_output halo [channel][rows][pitch] and its weights [16]
+// [k8 steps * 8 + 4] (TF32-rounded, arranged once per call). TF32 only.
+struct DgradTcLayout {
+  DgradTcWindow win_h, win_w;
+  int halo_rows, pitch;
+  int k_chunk, k_steps;  // a chunk's (channel, dh, dw) and its k8 steps
+  int weight_pitch;      // 4 mod 8 floats: an ldmatrix's 8 rows in 8 bank groups
+  int weight_floats;     // one part
+  int table_floats, halo_floats, buffer_floats;
+  int64_t smem_bytes = INT64_MAX;  // where the window or halo is too large to stage
+};
+inline DgradTcLayout dgrad_tc_layout(const ConvParams& p) {
+  DgradTcLayout l{};
+  l.win_h = dgrad_tc_window(p.kernel_h, p.stride_h, p.pad_h, p.dilation_h);
+  l.win_w = dgrad_tc_window(p.kernel_w, p.stride_w, p.pad_w, p.dilation_w);
+  if (l.win_h.count == 0 || l.win_w.count == 0 || l.win_h.count * l.win_w.count > 64) return l;
+  const Halo h = halo(kDgradTcRows, kTileCols, l.win_h.count, l.win_w.count, 1, 1, 1, 1);
+  l.halo_rows = h.rows;
+  l.pitch = h.pitch;
+  l.k_chunk = kDgradTcChunk * l.win_h.count * l.win_w.count;
+  l.k_steps = (l.k_chunk + 7) / 8;
+  l.weight_pitch = l.k_steps * 8 + 4;
+  l.weight_floats = static_cast<int>(aligned_floats(int64_t(kDgradTcN) * l.weight_pitch));
+  l.table_floats = static_cast<int>(aligned_floats(l.k_steps * 8));
+  l.halo_floats = static_cast<int>(aligned_floats(kDgradTcChunk * h.floats));
+  l.buffer_floats = l.halo_floats + l.weight_floats;
+  l.smem_bytes = 128 + 4 * (int64_t(l.table_floats) + 2 * int64_t(l.buffer_floats));
+  return l;
+}
+// Worth it where the phases and channels fill at least half of the m16
+// tile (an RGB stem at stride 2: 12 rows); unit stride keeps the forward
+// (as dgrad) or the FFMA gather.
+inline bool dgrad_tc_fits(const ConvParams& p) {
+  const int64_t rows = p.stride_h * p.stride_w * p.in_channels_per_group();
+  return p.in_channels_per_group() <= kMaxChannels && rows >= kDgradTcN / 2 &&
+         rows <= kDgradTcN && p.out_channels_per_group() >= kDgradTcChunk &&
+         dgrad_tc_layout(p).smem_bytes <= kMaxSmemBytes;
+}
+
 // dgrad runs on the forward kernel where it is a unit-stride forward that
 // fits it (depthwise: the forward's register window), else on the gather.
 inline bool dgrad_runs_as_fprop(const ConvParams& p) {

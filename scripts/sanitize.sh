@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (59 tests):
+# Default subset (61 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -61,6 +61,10 @@
 #   rows (15 to 70 floats, not multiples of 4) are staged by async copies
 #   into the swizzled layout, and 30 (three tiles, two groups) and 33 (one
 #   tile, two channel tiles), staged by the tensor-copy engine.
+# - tests/test_small_channels.py::test_tf32_dgrad_on_tensor_cores: the
+#   TF32 dgrad of every stride phase at once (also run by the TF32 cases
+#   13, 17 and 34 above) on cases 37 (a partial chunk of output channels,
+#   async copies) and 38 (phases no tap reaches, the tensor-copy engine).
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -102,6 +106,8 @@ else
   for c in 13 30; do
     tests+=("tests/test_small_channels.py::test_wgrad_3xtf32_stages_on_hopper[case$c-mma_sync]")
   done
+  tests+=("tests/test_small_channels.py::test_tf32_dgrad_on_tensor_cores[case37-async_copies]")
+  tests+=("tests/test_small_channels.py::test_tf32_dgrad_on_tensor_cores[case38-hopper]")
 fi
 
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1

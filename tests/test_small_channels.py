@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, cuda_only, few_channel_wgrad_wgmma, hopper_kernels, is_hopper_build,
-                   precision_of, reduction_lengths, reference, rel_err, tf32_mode, tolerance)
+from utils import (DEVICES, cuda_only, few_channel_dgrad_tc, few_channel_wgrad_wgmma,
+                   hopper_kernels, is_hopper_build, precision_of, reduction_lengths, reference,
+                   rel_err, tf32_mode, tolerance)
 
 ops = torch.ops.conv2d_ext
 
@@ -79,6 +80,13 @@ CASES = [
     # of 7x7 taps outgrows its shared memory and the forward runs direct).
     (2, 3, 29, 70, 24, (5, 5), 1, 2, 1, 1, True),
     (1, 4, 23, 45, 12, (7, 7), 1, 3, 1, 1, False),
+    # The dgrad of every stride phase at once on tensor cores: a partial last
+    # chunk of output channels (20 = 8 + 8 + 4), odd sizes whose phases have
+    # different row and column counts, grad_output rows of 23 floats (async
+    # copies); and dilation equal to the stride, where no tap reaches the
+    # odd phases (their rows of weights are zero).
+    (2, 3, 37, 45, 20, (5, 5), 2, 2, 1, 1, False),
+    (1, 2, 30, 34, 16, (3, 3), 2, 2, 2, 1, False),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.
@@ -106,16 +114,19 @@ def _geometry(case):
     return [list(_pair(stride)), list(_pair(padding)), list(_pair(dilation)), groups]
 
 
-def _expected_kernel(case, pass_):
+def _expected_kernel(case, pass_, precision):
     """The suite keeps IEEE-mode wgrad of short reductions on tensor cores
     (conftest.py), so wide tiles' wgrad runs the tensor-core kernel in both
-    modes here; the forward does from 32 output channels per group."""
+    modes here; the forward does from 32 output channels per group, and
+    TF32-mode dgrad where the stride phases fill half an m16 tile."""
     _, cin, _, _, cout, _, _, _, _, groups, _ = case
     if cin // groups == 1 and cout // groups <= 4:
         return "depthwise"
     if pass_ == "backward_weight" and _wide(case):
         return "few_channels_tc"
     if pass_ == "forward" and cout // groups >= 32:
+        return "few_channels_tc"
+    if pass_ == "backward_input" and precision == "tf32" and _dgrad_tc(case):
         return "few_channels_tc"
     return "few_channels"
 
@@ -208,7 +219,7 @@ def test_small_channel_cases_reach_their_kernels(precision):
         x = torch.empty(n, cin, h, w, device="cuda")
         wt = torch.empty(cout, cin // groups, *k, device="cuda")
         for pass_ in PASSES:
-            expected = _expected_kernel(case, pass_)
+            expected = _expected_kernel(case, pass_, precision)
             algo = ops._algorithm(pass_, x, wt, *_geometry(case))
             assert algo == expected, f"{case} {pass_}: {algo}, expected {expected} ({precision})"
 
@@ -285,6 +296,45 @@ def test_wgrad_wgmma_stage_bitwise_reproducible():
     assert torch.equal(first, again), (f"grad_weight differs between calls, max difference "
                                        f"{(first - again).abs().max().item():.3g}")
     assert not torch.equal(first, mma_sync), "the same bits as the mma.sync stage"
+
+
+def _dgrad_tc(case):
+    """The shapes dgrad_tc_fits (tile_config.h) takes: stride phases times
+    input channels per group fill 8 to 16 rows, 8 or more output channels
+    per group."""
+    _, cin, _, _, cout, _, stride, _, _, groups, _ = case
+    sh, sw = _pair(stride)
+    return 8 <= sh * sw * (cin // groups) <= 16 and cout // groups >= 8
+
+
+TC_DGRAD = [i for i, c in enumerate(CASES) if _dgrad_tc(c)]
+
+
+@cuda_only
+@pytest.mark.parametrize("copy_engine", [True, False], ids=["hopper", "async_copies"])
+@pytest.mark.parametrize("case", [CASES[i] for i in TC_DGRAD], ids=[f"case{i}" for i in TC_DGRAD])
+def test_tf32_dgrad_on_tensor_cores(case, copy_engine):
+    """TF32-mode dgrad of every stride phase at once on tensor cores (the
+    default where the phases fill half an m16 tile), against float64 to the
+    TF32 bound, staged by the tensor-copy engine on Hopper where rows allow
+    and by async copies with the Hopper code off; the same bits from call
+    to call. With the switch off, and in IEEE mode, the FFMA gather runs."""
+    n, cin, h, w, cout, k, _, _, _, groups, _ = case
+    geometry = _geometry(case)
+    x = torch.randn(n, cin, h, w, device="cuda")
+    wt = torch.randn(cout, cin // groups, *k, device="cuda")
+    with tf32_mode(False):
+        assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
+    with tf32_mode(True), few_channel_dgrad_tc(False):
+        assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
+    with tf32_mode(True), few_channel_dgrad_tc(True), hopper_kernels(copy_engine):
+        algo = ops._algorithm("backward_input", x, wt, *geometry)
+        assert algo == "few_channels_tc", f"{case}: {algo}"
+        _run(case, "cuda", torch.float32)
+        gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
+        first = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
+        again = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
+    assert torch.equal(first, again), f"{case}: grad_input differs between calls"
 
 
 @cuda_only

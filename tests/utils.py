@@ -118,6 +118,12 @@ def hopper_kernels(enabled):
     return op_switch("hopper_kernels", enabled)
 
 
+def few_channel_dgrad_tc(enabled):
+    """TF32-mode few-channel dgrad of every stride phase at once on tensor
+    cores (on, the default) or on the FFMA gather (off) for the duration."""
+    return op_switch("few_channel_dgrad_tc", enabled)
+
+
 def few_channel_wgrad_wgmma(enabled):
     """The few-channel tensor-core wgrad's 3xTF32 stage on Hopper: wgmma (on,
     the default) or mma.sync (off, as other GPUs run it) for the duration."""

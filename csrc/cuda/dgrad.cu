@@ -247,8 +247,9 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
               launch_dgrad_direct<scalar_t>(p, go, w, grad_in);
             });
             return;
-          case Algo::kFewChannelsTensorCore:  // a wgrad algorithm
-            break;
+          case Algo::kFewChannelsTensorCore:  // float32 only
+            launch_dgrad_small_channels_tc(p, go, w, grad_in);
+            return;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA dgrad kernel for algorithm ",
                     to_string(plan.algo));
