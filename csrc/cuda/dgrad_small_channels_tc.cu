@@ -27,7 +27,7 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
-#include <type_traits>
+#include <algorithm>
 
 #include "../plan.h"
 #include "mma.cuh"
@@ -53,7 +53,7 @@ struct Row {
   int py, px, ci;
   bool real;
 };
-__host__ __device__ inline Row row_of(int r, int cin_g, int sh, int sw) {
+__device__ __forceinline__ Row row_of(int r, int cin_g, int sh, int sw) {
   const int phase = r / cin_g;
   return {phase / sw, phase % sw, r % cin_g, r < sh * sw * cin_g};
 }
@@ -64,25 +64,22 @@ __host__ __device__ inline Row row_of(int r, int cin_g, int sh, int sw) {
 __global__ void arrange_dgrad_tc_weights(const ConvParams p, const float* __restrict__ w,
                                          float* __restrict__ out, const sc::DgradTcLayout L,
                                          int n_chunks) {
-  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
-  const int KH = p.kernel_h, KW = p.kernel_w;
   const int wins = L.win_h.count * L.win_w.count;
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= sc::kDgradTcN * L.weight_pitch) return;
   const int r = e / L.weight_pitch, k = e - r * L.weight_pitch;
-  const Row row = row_of(r, cin_g, p.stride_h, p.stride_w);
+  const Row row = row_of(r, p.in_channels_per_group(), p.stride_h, p.stride_w);
   const int co_l = k / wins, win = k - co_l * wins;
   // The tap from offset (dh, dw): py + pad - kh * dil = dh * stride.
   const int nh = row.py + p.pad_h - (L.win_h.first + win / L.win_w.count) * p.stride_h;
   const int nw = row.px + p.pad_w - (L.win_w.first + win % L.win_w.count) * p.stride_w;
   const int kh = nh / p.dilation_h, kw = nw / p.dilation_w;
   const bool tap = row.real && k < L.k_chunk && nh >= 0 && nw >= 0 && nh % p.dilation_h == 0 &&
-                   nw % p.dilation_w == 0 && kh < KH && kw < KW;
+                   nw % p.dilation_w == 0 && kh < p.kernel_h && kw < p.kernel_w;
   for (int gc = blockIdx.y; gc < p.groups * n_chunks; gc += gridDim.y) {
     const int g = gc / n_chunks, co = (gc - g * n_chunks) * kChunk + co_l;
-    const float v = tap && co < cout_g
-                        ? w[((int64_t(g) * cout_g + co) * cin_g + row.ci) * KH * KW + kh * KW + kw]
-                        : 0.f;
+    // Zero past the group's output channels too.
+    const float v = tap ? weight_or_zero(p, w, WeightOrder::kFprop, g, co, row.ci, kh, kw) : 0.f;
     out[int64_t(gc) * L.weight_floats + e] = __uint_as_float(tf32_operand(v));
   }
 }
