@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kBlock, 2)
       const int co_l = k / wins, win = k - co_l * wins;
       off = co_l * plane + (win / L.win_w.count) * pitch + win % L.win_w.count;
     }
-    k_table[(k >> 3) * 8 + (k & 3) * 2 + ((k >> 2) & 1)] = off;
+    k_table[small_channels::k_offset_slot(k)] = off;
   }
 
   // Stage s is (image n, phase rows from i0, columns from j0); chunk c its
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kBlock, 2)
       float part[1][kNT][4];
       zero_fragments(part);
       for (int t = 0; t < L.k_steps; ++t) {
-        const int2 ko = reinterpret_cast<const int2*>(k_table)[t * 4 + tq];
+        const int2 ko = small_channels::k8_offsets(k_table, t, tq);
         const uint32_t b0 = xb + 4u * ko.x, b1 = xb + 4u * ko.y;
         uint32_t bb[kNT][2];
 #pragma unroll

@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       const int ci = k / taps, tap = k - ci * taps;
       off = ci * plane + (tap / KW) * p.dilation_h * pitch + (tap % KW) * p.dilation_w;
     }
-    k_table[(k >> 3) * 8 + (k & 3) * 2 + ((k >> 2) & 1)] = off;
+    k_table[small_channels::k_offset_slot(k)] = off;
   }
   if constexpr (kWgmma) fence_proxy_async_smem();  // the weights are wgmma's B
   // This thread's output channels: i * 16 + gq, and 8 more (mma.sync).
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
     // One k8 step; 3xTF32's first starts the accumulators at the bias.
     auto k_step = [&](int t, auto first_c) {
       [[maybe_unused]] constexpr bool kFirst = decltype(first_c)::value;
-      const int2 ko = reinterpret_cast<const int2*>(k_table)[t * 4 + tq];
+      const int2 ko = small_channels::k8_offsets(k_table, t, tq);
       const uint32_t b0 = xb + kElem * ko.x, b1 = xb + kElem * ko.y;
       uint32_t bb[kNT][2];
       [[maybe_unused]] uint32_t bs[kSplit ? kNT : 1][2];

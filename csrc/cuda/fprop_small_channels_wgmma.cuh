@@ -12,6 +12,7 @@
 #include "common.cuh"
 #include "kernel_sizes.cuh"
 #include "mma.cuh"
+#include "small_channels.cuh"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -88,7 +89,7 @@ __device__ __forceinline__ void fprop_stage_wgmma(
   // same k), then both at k + 4; zero at K past the group's pairs (Inf
   // input times a zero weight would be NaN).
   auto load_a = [&](int t, int m, int i) {
-    const int2 ko = reinterpret_cast<const int2*>(k_table)[t * 4 + tq];
+    const int2 ko = small_channels::k8_offsets(k_table, t, tq);
     const uint32_t p0 = xa + m * row_bytes + kElem * ko.x, p1 = xa + m * row_bytes + kElem * ko.y;
     uint32_t(&b)[4] = ab[m][i];
     if constexpr (kSplit) {

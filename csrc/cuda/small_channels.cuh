@@ -150,6 +150,16 @@ __device__ __forceinline__ void tensor_core_operands(float4* raw, float4* out, i
   __syncthreads();
 }
 
+// The tensor-core kernels' tables of k offsets (k8 steps of a gathered
+// operand): k's slot, so that lane tq of a step t reads the offsets of k =
+// 8t + tq and 8t + tq + 4 as one 8-byte word, at k8_offsets(table, t, tq).
+__device__ __forceinline__ int k_offset_slot(int k) {
+  return (k >> 3) * 8 + (k & 3) * 2 + ((k >> 2) & 1);
+}
+__device__ __forceinline__ int2 k8_offsets(const int* table, int t, int tq) {
+  return reinterpret_cast<const int2*>(table)[t * 4 + tq];
+}
+
 // Calls fn(Int<kCo>{}) for a narrow tile's output channels per group (1 to
 // kNarrowMaxCo): the tiles hold exactly the group's channels.
 template <typename Fn>
