@@ -44,8 +44,8 @@
 #   the strided dgrad staged by TMA with prearranged phase weights on cases
 #   30 (7x7, two groups, a partial last chunk) and 32 (dilation = stride).
 #   The few-channel wgrad on tensor cores runs on the wide cases there
-#   (13, 17, 27, 30, 32) in TF32, and in 3xTF32 on cases 13 and 30 (IEEE
-#   mode); case 17 also without the tensor-copy engine (grad_output staged
+#   (13, 17, 27, 30, 32) in TF32 (mma.sync), and in 3xTF32 on cases 13 and
+#   30 (IEEE mode: wgmma on Hopper); case 17 also without the tensor-copy engine (grad_output staged
 #   into its swizzled layout by 16-byte async copies). The few-channel
 #   forward on tensor cores (32 or more output channels per group) runs on
 #   cases 13, 21 and 27 in TF32 and on 13 and 21 in 3xTF32: rows of 30 and
