@@ -311,6 +311,20 @@ def _dgrad_tc(case):
 TC_DGRAD = [i for i, c in enumerate(CASES) if _dgrad_tc(c)]
 
 
+def _dgrad_on_tensor_cores(case, x, wt):
+    """Under the caller's mode and switches: the dgrad runs the tensor-core
+    kernel, matches float64 (the mode's bound) and gives the same bits from
+    call to call."""
+    geometry = _geometry(case)
+    algo = ops._algorithm("backward_input", x, wt, *geometry)
+    assert algo == "few_channels_tc", f"{case}: {algo}"
+    _run(case, "cuda", torch.float32)
+    gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
+    first = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
+    again = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
+    assert torch.equal(first, again), f"{case}: grad_input differs between calls"
+
+
 @cuda_only
 @pytest.mark.parametrize("copy_engine", [True, False], ids=["hopper", "async_copies"])
 @pytest.mark.parametrize("case", [CASES[i] for i in TC_DGRAD], ids=[f"case{i}" for i in TC_DGRAD])
@@ -329,13 +343,7 @@ def test_tf32_dgrad_on_tensor_cores(case, copy_engine):
     with tf32_mode(True), few_channel_dgrad_tc(False):
         assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
     with tf32_mode(True), few_channel_dgrad_tc(True), hopper_kernels(copy_engine):
-        algo = ops._algorithm("backward_input", x, wt, *geometry)
-        assert algo == "few_channels_tc", f"{case}: {algo}"
-        _run(case, "cuda", torch.float32)
-        gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
-        first = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
-        again = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
-    assert torch.equal(first, again), f"{case}: grad_input differs between calls"
+        _dgrad_on_tensor_cores(case, x, wt)
 
 
 @cuda_only
@@ -354,13 +362,7 @@ def test_ieee_dgrad_on_wgmma(case):
     with tf32_mode(False), few_channel_dgrad_wgmma(True):
         with hopper_kernels(False):
             assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
-        algo = ops._algorithm("backward_input", x, wt, *geometry)
-        assert algo == "few_channels_tc", f"{case}: {algo}"
-        _run(case, "cuda", torch.float32)
-        gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
-        first = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
-        again = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
-    assert torch.equal(first, again), f"{case}: grad_input differs between calls"
+        _dgrad_on_tensor_cores(case, x, wt)
 
 
 @cuda_only

@@ -80,7 +80,7 @@ __device__ __forceinline__ void dgrad_chunk_wgmma(float (&part)[2][2][4], const 
       const uint64_t big = wgmma_desc_k8(w_big + step), small = wgmma_desc_k8(w_small + step);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        wgmma_m64n16k8_3xtf32(tmp[m], ab[i][m], as[i][m], big, small, i > 0);
+        wgmma_m64k8_3xtf32(tmp[m], ab[i][m], as[i][m], big, small, i > 0);
       }
     }
     wgmma_commit();
