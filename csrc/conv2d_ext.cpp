@@ -46,10 +46,6 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // phases at once (the default), or on the FFMA gather (see plan.h).
   m.def("_set_few_channel_dgrad_tc(bool enable) -> bool",
         &conv2d_ext::set_few_channel_dgrad_tc);
-  // Whether IEEE-mode few-channel dgrad runs 3xTF32 on wgmma on Hopper (off
-  // by default until it has run on a GPU; see plan.h).
-  m.def("_set_few_channel_dgrad_wgmma(bool enable) -> bool",
-        &conv2d_ext::set_few_channel_dgrad_wgmma);
   // The algorithm a pass ('forward', 'backward_input', 'backward_weight')
   // of a convolution of these forward arguments would run now, e.g. for
   // tests to check which kernels they cover.

@@ -20,7 +20,6 @@ std::atomic<bool> g_flat_kernels{true};
 std::atomic<bool> g_short_wgrad_direct{true};
 std::atomic<bool> g_few_channel_wgrad_wgmma{true};
 std::atomic<bool> g_few_channel_dgrad_tc{true};
-std::atomic<bool> g_few_channel_dgrad_wgmma{false};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
@@ -44,10 +43,6 @@ bool few_channel_wgrad_wgmma(int sm) {
 }
 
 bool set_few_channel_dgrad_tc(bool enable) { return g_few_channel_dgrad_tc.exchange(enable); }
-
-bool set_few_channel_dgrad_wgmma(bool enable) {
-  return g_few_channel_dgrad_wgmma.exchange(enable);
-}
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws
@@ -117,15 +112,12 @@ Algo small_channel_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
       !(math == MathMode::kIEEE && short_wgrad(p))) {
     return Algo::kFewChannelsTensorCore;
   }
-  // dgrad of every stride phase at once (RGB stems at stride 2): the FFMA
-  // gather sits near a third of the FFMA peak. TF32 mode on mma.sync; 3xTF32
-  // there measured slower than the gather, so IEEE mode keeps it unless the
-  // wgmma version (not yet run on a GPU) is switched on.
-  if (pass == Pass::kDgrad && g_few_channel_dgrad_tc.load(std::memory_order_relaxed)) {
-    const bool ieee = math == MathMode::kIEEE;
-    const bool wgmma = ieee && hopper_kernels(sm) &&
-                       g_few_channel_dgrad_wgmma.load(std::memory_order_relaxed);
-    if ((!ieee || wgmma) && sc::dgrad_tc_fits(p, ieee)) return Algo::kFewChannelsTensorCore;
+  // TF32-mode dgrad of every stride phase at once (RGB stems at stride 2):
+  // the FFMA gather sits near a third of the FFMA peak. 3xTF32 on the same
+  // kernel measured slower than the gather: IEEE mode keeps it.
+  if (pass == Pass::kDgrad && math == MathMode::kTF32 &&
+      g_few_channel_dgrad_tc.load(std::memory_order_relaxed) && sc::dgrad_tc_fits(p)) {
+    return Algo::kFewChannelsTensorCore;
   }
   // The forward of wide tiles likewise: the FFMA kernel is issue-bound near
   // 40% of the FFMA peak, on a GEMM whose floor is writing its output.

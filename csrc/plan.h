@@ -83,11 +83,6 @@ bool few_channel_wgrad_wgmma(int sm);
 // gather (off: keeps the gather tested on those shapes in TF32 mode).
 // Returns the previous setting.
 bool set_few_channel_dgrad_tc(bool enable);
-// Off by default until it has run on a GPU: whether IEEE-mode dgrad of the
-// same shapes runs that kernel in 3xTF32 on Hopper's wgmma (with
-// set_few_channel_dgrad_tc on) instead of the FFMA gather. Returns the
-// previous setting.
-bool set_few_channel_dgrad_wgmma(bool enable);
 
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);

@@ -882,13 +882,8 @@ inline DgradTcWindow dgrad_tc_window(int64_t kernel, int64_t stride, int64_t pad
   return w;
 }
 // Shared memory (floats): the k offset table, then two ring buffers, each
-// a chunk's grad_output halo [channel][rows][pitch] and its weights
-// (arranged once per call: TF32-rounded [16][k8 steps * 8 + 4] for
-// mma.sync; for 3xTF32 on wgmma, big then small parts laid out for its B
-// descriptor), and for 3xTF32 the halo's [big, small] pairs. k8 steps come
-// in whole groups of kDgradTcStepGroup (a 3xTF32 temporary's; zero weights
-// past the chunk's K).
-constexpr int kDgradTcStepGroup = 4;
+// a chunk's grad_output halo [channel][rows][pitch] and its weights [16]
+// [k8 steps * 8 + 4] (TF32-rounded, arranged once per call). TF32 only.
 struct DgradTcLayout {
   DgradTcWindow win_h, win_w;
   int halo_rows, pitch;
@@ -898,7 +893,7 @@ struct DgradTcLayout {
   int table_floats, halo_floats, buffer_floats;
   int64_t smem_bytes = INT64_MAX;  // where the window or halo is too large to stage
 };
-inline DgradTcLayout dgrad_tc_layout(const ConvParams& p, bool split) {
+inline DgradTcLayout dgrad_tc_layout(const ConvParams& p) {
   DgradTcLayout l{};
   l.win_h = dgrad_tc_window(p.kernel_h, p.stride_h, p.pad_h, p.dilation_h);
   l.win_w = dgrad_tc_window(p.kernel_w, p.stride_w, p.pad_w, p.dilation_w);
@@ -907,25 +902,23 @@ inline DgradTcLayout dgrad_tc_layout(const ConvParams& p, bool split) {
   l.halo_rows = h.rows;
   l.pitch = h.pitch;
   l.k_chunk = kDgradTcChunk * l.win_h.count * l.win_w.count;
-  l.k_steps = (l.k_chunk + 8 * kDgradTcStepGroup - 1) / (8 * kDgradTcStepGroup) *
-              kDgradTcStepGroup;
+  l.k_steps = (l.k_chunk + 7) / 8;
   l.weight_pitch = l.k_steps * 8 + 4;
   l.weight_floats = static_cast<int>(aligned_floats(int64_t(kDgradTcN) * l.weight_pitch));
   l.table_floats = static_cast<int>(aligned_floats(l.k_steps * 8));
   l.halo_floats = static_cast<int>(aligned_floats(kDgradTcChunk * h.floats));
-  l.buffer_floats = l.halo_floats + (split ? 2 : 1) * l.weight_floats;
-  l.smem_bytes = 128 + 4 * (int64_t(l.table_floats) + 2 * int64_t(l.buffer_floats) +
-                            (split ? 2 * int64_t(l.halo_floats) : 0));
+  l.buffer_floats = l.halo_floats + l.weight_floats;
+  l.smem_bytes = 128 + 4 * (int64_t(l.table_floats) + 2 * int64_t(l.buffer_floats));
   return l;
 }
 // Worth it where the phases and channels fill at least half of the m16
 // tile (an RGB stem at stride 2: 12 rows); unit stride keeps the forward
 // (as dgrad) or the FFMA gather.
-inline bool dgrad_tc_fits(const ConvParams& p, bool split) {
+inline bool dgrad_tc_fits(const ConvParams& p) {
   const int64_t rows = p.stride_h * p.stride_w * p.in_channels_per_group();
   return p.in_channels_per_group() <= kMaxChannels && rows >= kDgradTcN / 2 &&
          rows <= kDgradTcN && p.out_channels_per_group() >= kDgradTcChunk &&
-         dgrad_tc_layout(p, split).smem_bytes <= kMaxSmemBytes;
+         dgrad_tc_layout(p).smem_bytes <= kMaxSmemBytes;
 }
 
 // dgrad runs on the forward kernel where it is a unit-stride forward that

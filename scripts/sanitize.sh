@@ -6,7 +6,7 @@
 #
 #   scripts/sanitize.sh OUTDIR [pytest -k expression]
 #
-# Default subset (63 tests):
+# Default subset (61 tests):
 # - tests/test_correctness.py, each test running the forward, dgrad and
 #   wgrad (through autograd) of one case: the direct kernels on cases 0
 #   (5x9), 4 (7x7, stride 2; its dgrad), 8 (depthwise), 12 (5x9, several
@@ -65,9 +65,6 @@
 #   TF32 dgrad of every stride phase at once (also run by the TF32 cases
 #   13, 17 and 34 above) on cases 37 (a partial chunk of output channels,
 #   async copies) and 38 (phases no tap reaches, the tensor-copy engine).
-# - tests/test_small_channels.py::test_ieee_dgrad_on_wgmma: the same in
-#   3xTF32 on wgmma (Hopper; off by default until it has run on a GPU) on
-#   cases 13 (the stem) and 37.
 # A -k expression replaces it, selecting from those three files.
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUTDIR [pytest -k expression]}
@@ -111,9 +108,6 @@ else
   done
   tests+=("tests/test_small_channels.py::test_tf32_dgrad_on_tensor_cores[case37-async_copies]")
   tests+=("tests/test_small_channels.py::test_tf32_dgrad_on_tensor_cores[case38-hopper]")
-  for c in 13 37; do
-    tests+=("tests/test_small_channels.py::test_ieee_dgrad_on_wgmma[case$c]")
-  done
 fi
 
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, cuda_only, few_channel_dgrad_tc, few_channel_dgrad_wgmma,
-                   few_channel_wgrad_wgmma,
+from utils import (DEVICES, cuda_only, few_channel_dgrad_tc, few_channel_wgrad_wgmma,
                    hopper_kernels, is_hopper_build, precision_of, reduction_lengths, reference,
                    rel_err, tf32_mode, tolerance)
 
@@ -343,25 +342,6 @@ def test_tf32_dgrad_on_tensor_cores(case, copy_engine):
     with tf32_mode(True), few_channel_dgrad_tc(False):
         assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
     with tf32_mode(True), few_channel_dgrad_tc(True), hopper_kernels(copy_engine):
-        _dgrad_on_tensor_cores(case, x, wt)
-
-
-@cuda_only
-@pytest.mark.parametrize("case", [CASES[i] for i in TC_DGRAD], ids=[f"case{i}" for i in TC_DGRAD])
-def test_ieee_dgrad_on_wgmma(case):
-    """IEEE-mode dgrad of every stride phase at once in 3xTF32 on Hopper's
-    wgmma (switched on: off by default until it has run on a GPU), against
-    float64 to the IEEE bound, bitwise reproducible; with the Hopper code
-    off the FFMA gather runs."""
-    if not is_hopper_build():
-        pytest.skip("the wgmma dgrad runs on Hopper builds only")
-    n, cin, h, w, cout, k, _, _, _, groups, _ = case
-    geometry = _geometry(case)
-    x = torch.randn(n, cin, h, w, device="cuda")
-    wt = torch.randn(cout, cin // groups, *k, device="cuda")
-    with tf32_mode(False), few_channel_dgrad_wgmma(True):
-        with hopper_kernels(False):
-            assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
         _dgrad_on_tensor_cores(case, x, wt)
 
 

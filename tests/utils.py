@@ -124,13 +124,6 @@ def few_channel_dgrad_tc(enabled):
     return op_switch("few_channel_dgrad_tc", enabled)
 
 
-def few_channel_dgrad_wgmma(enabled):
-    """IEEE-mode few-channel dgrad of every stride phase at once in 3xTF32 on
-    Hopper's wgmma on or off for the duration; off by default until it has
-    run on a GPU."""
-    return op_switch("few_channel_dgrad_wgmma", enabled)
-
-
 def few_channel_wgrad_wgmma(enabled):
     """The few-channel tensor-core wgrad's 3xTF32 stage on Hopper: wgmma (on,
     the default) or mma.sync (off, as other GPUs run it) for the duration."""

@@ -248,7 +248,7 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
             });
             return;
           case Algo::kFewChannelsTensorCore:  // float32 only
-            launch_dgrad_small_channels_tc(p, go, w, grad_in, plan.math);
+            launch_dgrad_small_channels_tc(p, go, w, grad_in);
             return;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA dgrad kernel for algorithm ",

@@ -239,6 +239,11 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         cp_async_wait<0>();
         if (tma) ring.wait(0);
         __syncthreads();
+        // Warps whose rows or columns lie wholly past the phase (a stem's
+        // 112-row phases fill three and a half 32-row tiles) stage their
+        // share and skip the taps, leaving the issue slots to the other
+        // block on the SM.
+        if (i0 + r0 >= rows_phase || j0 + (col & ~31) >= cols_phase) continue;  // warp-uniform
         // Two levels of sums: each chunk's products (at most 4 channels x
         // the phase's taps) into `part`, the chunks' sums into `acc`. One
         // chain over every output channel and tap (784 products for an RGB

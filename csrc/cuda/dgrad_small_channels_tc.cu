@@ -1,12 +1,10 @@
 // dgrad for few input channels per group and many output channels at
-// stride 2 (RGB stems) on TF32 tensor cores: TF32 mode on mma.sync (sm_80+),
-// and, where switched on (not yet run on a GPU), 3xTF32 on Hopper's wgmma
-// (dgrad_small_channels_wgmma.cuh). The FFMA gather
-// (dgrad_small_channels.cu) takes one stride phase per block with the
-// group's input channels as its accumulators and sits near a third of the
-// FFMA peak on the stem: 0.41 ms there against 0.23 for TF32 here (H100).
-// 3xTF32 on mma.sync measured 0.50 ms, so IEEE mode keeps the gather
-// unless the wgmma chunk is switched on (perf-notes).
+// stride 2 (RGB stems) on TF32 tensor cores (mma.sync, sm_80+), TF32 mode
+// only. The FFMA gather (dgrad_small_channels.cu) takes one stride phase
+// per block with the group's input channels as its accumulators and sits
+// near a third of the FFMA peak on the stem: 0.41 ms there against 0.23
+// for this kernel (H100). 3xTF32 on it measured 0.50 ms, so IEEE mode
+// keeps the gather (perf-notes).
 //
 // All phases at once (tile_config.h, DgradTcLayout): grad_input pixel
 // (i * stride + py, j * stride + px) is the sum over output channels co and
@@ -14,9 +12,9 @@
 // weight of the tap that reaches phase (py, px) from that offset (zero
 // where none does). GEMM per group, in mma.sync's orientation: M = the 16
 // (py, px, input channel) rows (12 real for the stem), A = those weights,
-// arranged once per call by a small kernel (rounded) and read by ldmatrix;
-// N = the phase grid's positions, a stage of 4 rows x 64 columns (each warp
-// one row and 32 columns: 4 n8 tiles); K = (output channel, dh, dw), 8 channels a chunk. B, grad_output
+// arranged once per call by a small kernel (rounded) and read by ldmatrix; N = the phase grid's positions, a
+// stage of 4 rows x 64 columns (each warp one row and 32 columns: 4 n8
+// tiles); K = (output channel, dh, dw), 8 channels a chunk. B, grad_output
 // at each k's offset, comes from the chunk's halo by 4-byte shared loads
 // through a table of the k offsets, as the few-channel forward gathers its
 // input.
@@ -33,7 +31,6 @@
 
 #include "../plan.h"
 #include "mma.cuh"
-#include "dgrad_small_channels_wgmma.cuh"
 #include "small_channels.cuh"
 #include "small_channels.h"
 #include "tensor_map.h"
@@ -61,18 +58,16 @@ __device__ __forceinline__ Row row_of(int r, int cin_g, int sh, int sw) {
   return {phase / sw, phase % sw, r % cin_g, r < sh * sw * cin_g};
 }
 
-// The weights per (group, chunk): row r of the 16 and k = (channel, dh, dw)
-// hold the weight of the tap that reaches row r's phase from offset
-// (dh, dw). kWgmma (3xTF32): big then small parts, each laid out for
-// wgmma's B (dgrad_tc::b_index); else rounded to TF32, [16][weight_pitch].
-template <bool kWgmma>
+// The weights per (group, chunk), rounded to TF32: [16 rows][weight_pitch],
+// row r and k = (channel, dh, dw) holding the weight of the tap that
+// reaches row r's phase from offset (dh, dw).
 __global__ void arrange_dgrad_tc_weights(const ConvParams p, const float* __restrict__ w,
                                          float* __restrict__ out, const sc::DgradTcLayout L,
                                          int n_chunks) {
-  const int wins = L.win_h.count * L.win_w.count, ks = L.k_steps * 8;
+  const int wins = L.win_h.count * L.win_w.count;
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= sc::kDgradTcN * ks) return;
-  const int r = e / ks, k = e - r * ks;
+  if (e >= sc::kDgradTcN * L.weight_pitch) return;
+  const int r = e / L.weight_pitch, k = e - r * L.weight_pitch;
   const Row row = row_of(r, p.in_channels_per_group(), p.stride_h, p.stride_w);
   const int co_l = k / wins, win = k - co_l * wins;
   // The tap from offset (dh, dw): py + pad - kh * dil = dh * stride.
@@ -81,28 +76,15 @@ __global__ void arrange_dgrad_tc_weights(const ConvParams p, const float* __rest
   const int kh = nh / p.dilation_h, kw = nw / p.dilation_w;
   const bool tap = row.real && k < L.k_chunk && nh >= 0 && nw >= 0 && nh % p.dilation_h == 0 &&
                    nw % p.dilation_w == 0 && kh < p.kernel_h && kw < p.kernel_w;
-  const int at = kWgmma ? dgrad_tc::b_index(r, k) : r * L.weight_pitch + k;
   for (int gc = blockIdx.y; gc < p.groups * n_chunks; gc += gridDim.y) {
     const int g = gc / n_chunks, co = (gc - g * n_chunks) * kChunk + co_l;
     // Zero past the group's output channels too.
     const float v = tap ? weight_or_zero(p, w, WeightOrder::kFprop, g, co, row.ci, kh, kw) : 0.f;
-    if constexpr (kWgmma) {
-      uint32_t big, small;
-      tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v, big, small);
-      float* const dst = out + int64_t(gc) * 2 * L.weight_floats + at;
-      dst[0] = __uint_as_float(big);
-      dst[L.weight_floats] = __uint_as_float(small);
-    } else {
-      out[int64_t(gc) * L.weight_floats + at] = __uint_as_float(tf32_operand(v));
-    }
+    out[int64_t(gc) * L.weight_floats + e] = __uint_as_float(tf32_operand(v));
   }
 }
 
-// kWgmma: 3xTF32 on Hopper's warpgroup MMA (sm_90a code only; IEEE mode),
-// one block an SM: a step group's A fragments (64 registers) do not fit
-// the 128 of two.
-template <bool kWgmma>
-__global__ void __launch_bounds__(kBlock, kWgmma ? 1 : 2)
+__global__ void __launch_bounds__(kBlock, 2)
     dgrad_tc_kernel(const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                     const float* __restrict__ grad_out, const float* __restrict__ w_arr,
                     float* __restrict__ grad_in, const sc::DgradTcLayout L, bool vec, bool tma) {
@@ -119,12 +101,10 @@ __global__ void __launch_bounds__(kBlock, kWgmma ? 1 : 2)
   const int wins = L.win_h.count * L.win_w.count;
   const int n_chunks = (cout_g + kChunk - 1) / kChunk;
   const int g = blockIdx.y;
-  constexpr int kParts = kWgmma ? 2 : 1;  // weight parts: 3xTF32's big and small
 
   int* const k_table = reinterpret_cast<int*>(smem);
   float* const buf0 = smem + L.table_floats;
   auto buffer = [&](int b) { return buf0 + b * L.buffer_floats; };
-  [[maybe_unused]] float* const pairs = buffer(2);  // 3xTF32: the halo's [big, small]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane >> 2, tq = lane & 3;
@@ -155,12 +135,12 @@ __global__ void __launch_bounds__(kBlock, kWgmma ? 1 : 2)
   };
   const int halo_cols = sc::kTileCols + L.win_w.count - 1;
   small_channels::CopyRing<2> ring(staged, tma);
-  const uint32_t w_bytes = 4u * kParts * L.weight_floats;
+  const uint32_t w_bytes = 4u * L.weight_floats;
   auto stage = [&](const Item& it, int b) {
     float* dst = buffer(b);
     const int co0 = it.c * kChunk;
     const HaloCols hc = small_channels::halo_cols(it.j0 + L.win_w.first, vec);
-    const float* w_src = w_arr + int64_t(g * n_chunks + it.c) * kParts * L.weight_floats;
+    const float* w_src = w_arr + int64_t(g * n_chunks + it.c) * L.weight_floats;
     if (tma) {
       // The box holds kChunk channels; past the chunk's its k are masked.
       if (threadIdx.x == 0) {
@@ -190,17 +170,6 @@ __global__ void __launch_bounds__(kBlock, kWgmma ? 1 : 2)
 
   float acc[1][kNT][4];
   zero_fragments(acc);
-  // wgmma: this thread's columns of N (8j + 2tq + e) and its warpgroup's
-  // two tiles of sums.
-  [[maybe_unused]] Row wrows[2][2];
-  [[maybe_unused]] float wacc[kWgmma ? 2 : 1][2][4];
-  if constexpr (kWgmma) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) wrows[j][e] = row_of(8 * j + 2 * tq + e, cin_g, sh, sw);
-    zero_fragments(wacc);
-  }
 
   const int first = blockIdx.x, step = gridDim.x;
   Item cur = item(first, 0);
@@ -218,62 +187,17 @@ __global__ void __launch_bounds__(kBlock, kWgmma ? 1 : 2)
                                            : item(cur.s + step, 0);
     if (next.s < total) stage(next, b ^ 1);  // flies under this chunk's work
     cp_async_commit();
-    // wgmma reads the weights where async copies wrote them: fenced as for
-    // the tensor-copy engine.
-    small_channels::tensor_core_operands<kWgmma, small_channels::SplitLayout::kPairs,
-                                         /*kRoundSmall=*/true, /*kBatch=*/kWgmma ? 4 : 1>(
-        reinterpret_cast<float4*>(buffer(b)), reinterpret_cast<float4*>(pairs),
-        L.halo_floats / 4, tma || kWgmma);
-    // K past the chunk's channels (the last chunk) or its window: zero.
-    const int k_valid = min(kChunk, cout_g - cur.c * kChunk) * wins;
-    const int lead = small_channels::halo_cols(cur.j0 + L.win_w.first, vec).lead;
-
-    if constexpr (kWgmma) {
-      // Warpgroup wg: the stage's rows 2wg and 2wg + 1 (rows past the phase
-      // grid compute on the halo's zeros and are not stored); warp wq:
-      // positions 16wq + gq and 16wq + gq + 8.
-      const int wg = warp / 4, wq = warp % 4;
-      const uint32_t xa = smem_addr(pairs) + 8u * ((2 * wg) * pitch + lead + 16 * wq + gq);
-      const uint32_t wb = smem_addr(buffer(b) + L.halo_floats);
-      float wpart[2][2][4];
-      zero_fragments(wpart);
-      dgrad_tc::dgrad_chunk_wgmma(wpart, k_table, L.k_steps, k_valid, xa, 8u * pitch, wb,
-                                  wb + 4u * L.weight_floats);
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) wacc[m][j][r] += wpart[m][j][r];
-      if (cur.c == n_chunks - 1) {
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const int i = cur.i0 + 2 * wg + m;
-          if (i >= rows_p) continue;
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              // Sum (m, j, r): position 16wq + gq (+ 8 for r >= 2), N column
-              // 8j + 2tq (+ 1 for odd r).
-              const Row row = wrows[j][r & 1];
-              const int ih = i * sh + row.py;
-              const int iw = (cur.j0 + 16 * wq + gq + (r >= 2 ? 8 : 0)) * sw + row.px;
-              if (!row.real || ih >= H || iw >= W) continue;
-              grad_in[plane_offset(cur.n, p.in_channels, g * cin_g + row.ci, H * W) +
-                      int64_t(ih) * W + iw] = wacc[m][j][r];
-            }
-        }
-        zero_fragments(wacc);
-      }
-      cur = next;
-      continue;
-    }
+    small_channels::tensor_core_operands</*kSplit=*/false, small_channels::SplitLayout::kPairs,
+                                         /*kRoundSmall=*/true, /*kBatch=*/1>(
+        reinterpret_cast<float4*>(buffer(b)), nullptr, L.halo_floats / 4, tma);
 
     const int i = cur.i0 + rr, c0 = cur.j0 + c_warp;  // the warp's row and first column
     if (i < rows_p && c0 < cols_p) {                   // warp-uniform
+      const int lead = small_channels::halo_cols(cur.j0 + L.win_w.first, vec).lead;
       const uint32_t xb = smem_addr(buffer(b)) + 4u * (rr * pitch + lead + c_warp + gq);
       const uint32_t a_base = smem_addr(buffer(b) + L.halo_floats) + a_lane;
+      // K past the chunk's channels (the last chunk) or its window: zero B.
+      const int k_valid = min(kChunk, cout_g - cur.c * kChunk) * wins;
       float part[1][kNT][4];
       zero_fragments(part);
       for (int t = 0; t < L.k_steps; ++t) {
@@ -332,31 +256,25 @@ __global__ void __launch_bounds__(kBlock, kWgmma ? 1 : 2)
 }  // namespace
 
 void launch_dgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
-                                    const at::Tensor& w, at::Tensor& grad_in, MathMode math) {
-  // IEEE mode reaches here only on Hopper with the wgmma chunk switched on
-  // (plan.cpp).
-  const bool wgmma = math == MathMode::kIEEE;
-  TORCH_CHECK(sc::dgrad_tc_fits(p, wgmma),
+                                    const at::Tensor& w, at::Tensor& grad_in) {
+  TORCH_CHECK(sc::dgrad_tc_fits(p),
               "conv2d_ext: internal error: small-channel tensor-core dgrad does not fit");
-  const sc::DgradTcLayout L = sc::dgrad_tc_layout(p, wgmma);
+  const sc::DgradTcLayout L = sc::dgrad_tc_layout(p);
   const int64_t n_chunks = ceil_div(p.out_channels_per_group(), kChunk);
   const int64_t rows_p = ceil_div(p.in_h, p.stride_h), cols_p = ceil_div(p.in_w, p.stride_w);
   const int64_t stages =
       p.batch * ceil_div(rows_p, sc::kDgradTcRows) * ceil_div(cols_p, sc::kTileCols);
   TORCH_CHECK(stages < (int64_t(1) << 31) && p.groups <= kMaxGridYZ &&
-                  p.groups * n_chunks * 2 * L.weight_floats < (int64_t(1) << 31),
+                  p.groups * n_chunks * L.weight_floats < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the small-channel tensor-core dgrad");
   auto stream = at::cuda::getCurrentCUDAStream();
 
-  // The weights, arranged (and rounded or split) once per call; the pads
-  // past the k8 steps are never read.
-  at::Tensor w_arr =
-      at::empty({p.groups * n_chunks * (wgmma ? 2 : 1) * L.weight_floats}, w.options());
-  const dim3 arrange_grid(static_cast<unsigned>(ceil_div(sc::kDgradTcN * L.k_steps * 8, 256)),
+  // The weights, arranged (and rounded) once per call.
+  at::Tensor w_arr = at::empty({p.groups * n_chunks * L.weight_floats}, w.options());
+  const dim3 arrange_grid(static_cast<unsigned>(ceil_div(sc::kDgradTcN * L.weight_pitch, 256)),
                           static_cast<unsigned>(std::min(p.groups * n_chunks, kMaxGridYZ)));
-  auto arrange = wgmma ? arrange_dgrad_tc_weights<true> : arrange_dgrad_tc_weights<false>;
-  arrange<<<arrange_grid, 256, 0, stream>>>(p, w.data_ptr<float>(), w_arr.data_ptr<float>(), L,
-                                            static_cast<int>(n_chunks));
+  arrange_dgrad_tc_weights<<<arrange_grid, 256, 0, stream>>>(
+      p, w.data_ptr<float>(), w_arr.data_ptr<float>(), L, static_cast<int>(n_chunks));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const bool vec = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
@@ -367,7 +285,7 @@ void launch_dgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_
     go_map = nchw_tensor_map(grad_out, static_cast<uint32_t>(L.pitch),
                              static_cast<uint32_t>(L.halo_rows), kChunk, 1);
   }
-  auto kernel = wgmma ? dgrad_tc_kernel<true> : dgrad_tc_kernel<false>;
+  auto kernel = dgrad_tc_kernel;
   const size_t smem = static_cast<size_t>(L.smem_bytes);
   ensure_dynamic_smem(kernel, smem);
   // One wave of blocks over the groups, each striding over stages.

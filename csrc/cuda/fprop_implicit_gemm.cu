@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
             float tmp[2][8][4];
             auto issue = [&](int f) {
               wgmma_fence();
-              wgmma_m64k8_3xtf32(tmp[f & 1], a_big[f], a_small[f], big, small, false);
+              wgmma_m64n64k8_3xtf32(tmp[f & 1], a_big[f], a_small[f], big, small, false);
               wgmma_commit();
             };
             auto add = [&](int f) {

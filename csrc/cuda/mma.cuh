@@ -439,43 +439,16 @@ __device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4],
 #endif
 }
 
-// The same at N = 16 (two n8 fragments), for B of 16 columns (the
-// few-channel dgrad's (phase, input channel) rows).
-__device__ __forceinline__ void wgmma_m64n16k8_tf32(float (&d)[2][4], const uint32_t (&a)[4],
-                                                    uint64_t desc, bool accumulate) {
-#ifdef CONV2D_EXT_WGMMA
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(int(accumulate)));
-#else
-  __trap();  // the plan never picks wgmma kernels without sm_90a code
-#endif
-}
-
-// 3xTF32 step into temporary d (N = 64 or 16: 8 or 2 n8 fragments): small
-// * big and big * small first, then big * big, so that the tensor cores'
-// truncation falls once per step at the big products' size. `accumulate`
-// false starts a fresh temporary.
-template <int kFrags>
-__device__ __forceinline__ void wgmma_m64k8_3xtf32(float (&d)[kFrags][4],
-                                                   const uint32_t (&a_big)[4],
-                                                   const uint32_t (&a_small)[4], uint64_t big,
-                                                   uint64_t small, bool accumulate) {
-  static_assert(kFrags == 8 || kFrags == 2, "N = 64 or 16");
-  auto step = [&](const uint32_t(&a)[4], uint64_t b, bool acc) {
-    if constexpr (kFrags == 8) {
-      wgmma_m64n64k8_tf32(d, a, b, acc);
-    } else {
-      wgmma_m64n16k8_tf32(d, a, b, acc);
-    }
-  };
-  step(a_small, big, accumulate);
-  step(a_big, small, true);
-  step(a_big, big, true);
+// 3xTF32 step into temporary d: small * big and big * small first, then
+// big * big, so that the tensor cores' truncation falls once per step at
+// the big products' size. `accumulate` false starts a fresh temporary.
+__device__ __forceinline__ void wgmma_m64n64k8_3xtf32(float (&d)[8][4], const uint32_t (&a_big)[4],
+                                                      const uint32_t (&a_small)[4],
+                                                      uint64_t big, uint64_t small,
+                                                      bool accumulate) {
+  wgmma_m64n64k8_tf32(d, a_small, big, accumulate);
+  wgmma_m64n64k8_tf32(d, a_big, small, true);
+  wgmma_m64n64k8_tf32(d, a_big, big, true);
 }
 
 // D (64 x 256 per warpgroup; this warp's 16 rows as 32 n8 fragments laid

@@ -32,12 +32,12 @@ void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out
 void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                                     const float* bias, at::Tensor& y, MathMode math);
 
-// dgrad of every stride phase at once on TF32 tensor cores where the
-// phases and input channels fill half an m16 tile or more (RGB stems at
-// stride 2; small_channels::dgrad_tc_fits; Algo::kFewChannelsTensorCore):
-// TF32, or 3xTF32 on Hopper's wgmma in IEEE mode where switched on.
+// dgrad of every stride phase at once on TF32 tensor cores, TF32 mode
+// only, where the phases and input channels fill half an m16 tile or more
+// (RGB stems at stride 2; small_channels::dgrad_tc_fits;
+// Algo::kFewChannelsTensorCore).
 void launch_dgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
-                                    const at::Tensor& w, at::Tensor& grad_in, MathMode math);
+                                    const at::Tensor& w, at::Tensor& grad_in);
 
 // wgrad of wide tiles (more than 4 output channels per group) on TF32
 // tensor cores: TF32, or 3xTF32 in IEEE mode (Algo::kFewChannelsTensorCore).

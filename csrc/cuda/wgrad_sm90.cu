@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
             // Restarted every 4 steps.
-            wgmma_m64k8_3xtf32(tmp[t], a_big[set][t], a_small[set][t], big, small, k % 4 != 0);
+            wgmma_m64n64k8_3xtf32(tmp[t], a_big[set][t], a_small[set][t], big, small, k % 4 != 0);
           }
         } else {
 #pragma unroll

@@ -128,7 +128,7 @@ __device__ __forceinline__ void wgrad_stage_wgmma(float (&acc)[2][8][4], float (
 #pragma unroll
     for (int s = 0; s < kSets; ++s) {
       if (s == 1 && kk >= 4) continue;
-      wgmma_m64k8_3xtf32(tmp[s], a_big[set][s], a_small[set][s], big, small,
+      wgmma_m64n64k8_3xtf32(tmp[s], a_big[set][s], a_small[set][s], big, small,
                             kk % kStepsPerTemp != 0);
     }
     wgmma_commit();
