@@ -145,16 +145,19 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                                 const float* __restrict__ w,
                                 const float* __restrict__ w_phase, int phase_floats,
                                 float* __restrict__ grad_in, bool vec, bool tma, int halo_rows,
-                                int pitch_arg, int tiles_w) {
+                                int pitch_arg, int tiles_w, int stages, int stage_floats) {
   // Specialised sizes stage at a fixed pitch (the launch checks it fits).
   constexpr int kPitch = KH_T > 0 ? sc::kDgradPitch : 0;
   const int pitch = static_or<kPitch>(pitch_arg);
   extern __shared__ __align__(128) float4 smem4[];  // the tensor copy writes 128-byte aligned
-  __shared__ uint64_t staged[1];
-  small_channels::CopyRing<1> ring(staged, tma);
-  float* s_go = reinterpret_cast<float*>(smem4);  // [kChunk][halo_rows][pitch]
-  // [kChunk][kh][kw][4 ci]; window phases: [kChunk][kw tap b][kh tap q][4 ci]
-  float* s_w = s_go + kChunk * halo_rows * pitch;
+  __shared__ uint64_t staged[2];
+  small_channels::CopyRing<2> ring(staged, tma);
+  // `stages` buffers (two where they fit: the next chunk's copies fly while
+  // this one computes), each grad_output [kChunk][halo_rows][pitch], then
+  // the weights: [kChunk][kh][kw][4 ci]; window phases: [kChunk][kw tap
+  // b][kh tap q][4 ci].
+  auto s_go = [&](int b) { return reinterpret_cast<float*>(smem4) + b * stage_floats; };
+  auto s_w = [&](int b) { return s_go(b) + kChunk * halo_rows * pitch; };
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
@@ -199,9 +202,9 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 #pragma unroll
         for (int c = 0; c < kCi; ++c) acc[r][c] = 0.f;
 
-      for (int co0 = 0; any_tap && co0 < cout_g; co0 += kChunk) {
+      // Copies of chunk co0's halo and weights into buffer b.
+      auto stage = [&](int co0, int b) {
         const int chunk = min(kChunk, cout_g - co0);
-        __syncthreads();  // the previous chunk is consumed
         // The chunk's arranged weights (window phases): 4 channels' taps.
         const float* w_chunk =
             window ? w_phase + (int64_t(g) * sh * sw + ph * sw + pw) * phase_floats +
@@ -211,20 +214,20 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         if (tma) {
           // The box holds kChunk channels; past the chunk's they are never read.
           if (threadIdx.x == 0) {
-            mbarrier_arrive_expect_tx(&ring.barrier[0],
+            mbarrier_arrive_expect_tx(&ring.barrier[b],
                                       4u * (kChunk * halo_rows * pitch + (window ? 4 * w_vecs : 0)));
-            tma_load_4d(s_go, &go_map, hc.first - hc.lead, i0 + off_h_min, g * cout_g + co0, n,
-                        &ring.barrier[0]);
-            if (window) bulk_copy_to_smem(s_w, w_chunk, 16u * w_vecs, &ring.barrier[0]);
+            tma_load_4d(s_go(b), &go_map, hc.first - hc.lead, i0 + off_h_min, g * cout_g + co0, n,
+                        &ring.barrier[b]);
+            if (window) bulk_copy_to_smem(s_w(b), w_chunk, 16u * w_vecs, &ring.barrier[b]);
           }
         } else {
           small_channels::stage_halo(
-              s_go, grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo), chunk,
-              Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch, halo_rows * pitch,
-              vec);
+              s_go(b), grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo),
+              chunk, Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch,
+              halo_rows * pitch, vec);
           if (window) {
             for (int e = threadIdx.x; e < w_vecs; e += sc::kThreads)
-              cp_async_16(s_w + 4 * e, w_chunk + 4 * e);
+              cp_async_16(s_w(b) + 4 * e, w_chunk + 4 * e);
           }
         }
         cp_async_commit();
@@ -233,12 +236,26 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
             const int ci = e % 4;
             const int tap = (e / 4) % (KH * KW);
             const int co = co0 + e / (4 * KH * KW);
-            s_w[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, tap / KW, tap % KW);
+            s_w(b)[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, tap / KW, tap % KW);
           }
         }
+      };
+
+      __syncthreads();  // the previous item is consumed
+      if (any_tap) stage(0, 0);
+      for (int co0 = 0, q = 0; any_tap && co0 < cout_g; co0 += kChunk, ++q) {
+        const int chunk = min(kChunk, cout_g - co0);
+        const int b = stages == 2 ? q & 1 : 0;
+        if (stages == 1 && q > 0) {
+          __syncthreads();  // the previous chunk is consumed
+          stage(co0, 0);
+        }
         cp_async_wait<0>();
-        if (tma) ring.wait(0);
-        __syncthreads();
+        if (tma) ring.wait(b);
+        __syncthreads();  // chunk q has landed; every warp is done with the previous one
+        if (stages == 2 && co0 + kChunk < cout_g) stage(co0 + kChunk, b ^ 1);
+        const float* sgo_b = s_go(b);
+        const float* sw_b = s_w(b);
         // Warps whose rows or columns lie wholly past the phase (a stem's
         // 112-row phases fill three and a half 32-row tiles) stage their
         // share and skip the taps, leaving the issue slots to the other
@@ -259,9 +276,9 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
               constexpr int kCount = decltype(count_tag)::value;
               for (int c = 0; c < chunk; ++c) {
                 // Tap q = 0 is the phase's last kernel row; its window starts at row r0.
-                const float* sgo = s_go + c * halo_rows * kPitch + hc.lead + r0 * kPitch + col +
+                const float* sgo = sgo_b + c * halo_rows * kPitch + hc.lead + r0 * kPitch + col +
                                    (tw.off_first - off_w_min);
-                const float* swc = s_w + c * taps_phase * 4;
+                const float* swc = sw_b + c * taps_phase * 4;
                 for (int b = 0; b < tw.count; ++b)
                   accumulate_column<kCount, kCi, kPitch>(sgo - b * tw.off_step,
                                                          swc + b * kCount * 4, part);
@@ -270,8 +287,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
           }
         }
         for (int c = 0; !window && c < chunk; ++c) {
-          const float* sgo = s_go + c * halo_rows * pitch + hc.lead;
-          const float* swc = s_w + c * KH * KW * 4;
+          const float* sgo = sgo_b + c * halo_rows * pitch + hc.lead;
+          const float* swc = sw_b + c * KH * KW * 4;
           for (int a = 0; a < th.count; ++a) {
             const int kh = th.first + a * th.step;
             // Row of tap kh for tile row 0: i0 + off(kh) - (i0 + off_h_min).
@@ -321,7 +338,12 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
     // Strides and dilations whose halo is wider than the fixed pitch.
     if (h.pitch != sc::kDgradPitch) return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
   }
-  const size_t smem = static_cast<size_t>(sc::dgrad_smem_bytes(p));
+  // Two staged chunks where they fit in the bound (the stem: 2 x 48 KB),
+  // each 128-byte aligned for the tensor copy; else one.
+  const int64_t one_stage = sc::dgrad_smem_bytes(p);
+  const int64_t stage_floats = ceil_div(one_stage / 4, 32) * 32;
+  const int stages = 2 * 4 * stage_floats <= sc::kMaxSmemBytes ? 2 : 1;
+  const size_t smem = static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : one_stage);
   const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), sc::kTileCols);
   const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), kTileRows) * tiles_w;
   const int64_t phases = p.stride_h * p.stride_w;
@@ -360,7 +382,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   kernel<<<grid, sc::kThreads, smem, stream>>>(
       go_map, p, grad_out.data_ptr<float>(), w,
       w_phase.defined() ? w_phase.data_ptr<float>() : nullptr, phase_floats, gi, vec, tma,
-      h.rows, h.pitch, static_cast<int>(tiles_w));
+      h.rows, h.pitch, static_cast<int>(tiles_w), stages, static_cast<int>(stage_floats));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
