@@ -87,6 +87,12 @@ CASES = [
     # odd phases (their rows of weights are zero).
     (2, 3, 37, 45, 20, (5, 5), 2, 2, 1, 1, False),
     (1, 2, 30, 34, 16, (3, 3), 2, 2, 2, 1, False),
+    # A strided dgrad whose two staged chunks would pass the shared-memory
+    # bound (dilation 3 at stride 2: a 41-row halo), so it stages one chunk
+    # at a time: rows of 32 floats (the tensor-copy engine on Hopper, async
+    # copies with the Hopper code off), weights staged from the tensor (the
+    # dilation does not divide the stride).
+    (1, 4, 29, 75, 6, (7, 7), 2, 3, 3, 2, False),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.
