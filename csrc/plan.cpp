@@ -113,8 +113,9 @@ Algo small_channel_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
     return Algo::kFewChannelsTensorCore;
   }
   // TF32-mode dgrad of every stride phase at once (RGB stems at stride 2):
-  // the FFMA gather sits near a third of the FFMA peak. 3xTF32 on the same
-  // kernel measured slower than the gather: IEEE mode keeps it.
+  // the FFMA gather reaches under half of the FFMA peak. 3xTF32 (on this
+  // kernel, and on wgmma) measured slower than the gather and, on wgmma,
+  // less accurate than cuDNN's strict FP32: IEEE mode keeps the gather.
   if (pass == Pass::kDgrad && math == MathMode::kTF32 &&
       g_few_channel_dgrad_tc.load(std::memory_order_relaxed) && sc::dgrad_tc_fits(p)) {
     return Algo::kFewChannelsTensorCore;

@@ -714,6 +714,15 @@ inline int64_t dgrad_smem_bytes(const ConvParams& p) {
 inline bool dgrad_fits(const ConvParams& p) {
   return p.in_channels_per_group() <= kMaxChannels && dgrad_smem_bytes(p) <= kMaxSmemBytes;
 }
+// Chunks staged at a time: two where they fit in the bound (the next one's
+// copies fly while this one computes; the stem: 2 x 48 KB), each 128-byte
+// aligned for the tensor copy, else one.
+inline int64_t dgrad_stage_floats(const ConvParams& p) {
+  return aligned_floats(dgrad_smem_bytes(p) / 4);
+}
+inline int dgrad_stages(const ConvParams& p) {
+  return 2 * 4 * dgrad_stage_floats(p) <= kMaxSmemBytes ? 2 : 1;
+}
 
 // wgrad, narrow: the input halo of one channel for a 32 x 64 output tile.
 // Wide: a 2 x 64 output tile's grad_output [pixel][64 channels] and the
@@ -854,8 +863,8 @@ inline bool fprop_tc_fits(const ConvParams& p, bool split, int sm) {
 // (py, px); each is a sum over output channels and grad_output offsets
 // (i + dh, j + dw) within one window shared by all phases, with zero
 // weights where a phase's taps do not reach an offset. GEMM per group: M =
-// the phase grid's positions (kDgradTcRows x kTileCols a stage), N = (py,
-// px, input channel) rows, at most one m16 tile (kDgradTcN), K = (output
+// (py, px, input channel) rows, at most one m16 tile (kDgradTcN), N = the
+// phase grid's positions (kDgradTcRows x kTileCols a stage), K = (output
 // channel, dh, dw), staged kDgradTcChunk output channels at a time.
 constexpr int kDgradTcRows = 4;
 constexpr int kDgradTcN = 16;

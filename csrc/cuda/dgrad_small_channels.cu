@@ -340,12 +340,10 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
     // Strides and dilations whose halo is wider than the fixed pitch.
     if (h.pitch != sc::kDgradPitch) return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
   }
-  // Two staged chunks where they fit in the bound (the stem: 2 x 48 KB),
-  // each 128-byte aligned for the tensor copy; else one.
-  const int64_t one_stage = sc::dgrad_smem_bytes(p);
-  const int64_t stage_floats = ceil_div(one_stage / 4, 32) * 32;
-  const int stages = 2 * 4 * stage_floats <= sc::kMaxSmemBytes ? 2 : 1;
-  const size_t smem = static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : one_stage);
+  const int stages = sc::dgrad_stages(p);
+  const int64_t stage_floats = sc::dgrad_stage_floats(p);
+  const size_t smem =
+      static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : sc::dgrad_smem_bytes(p));
   const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), sc::kTileCols);
   const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), kTileRows) * tiles_w;
   const int64_t phases = p.stride_h * p.stride_w;
