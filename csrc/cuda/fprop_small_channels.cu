@@ -10,7 +10,9 @@
 //   4): 8 rows x those channels; 4 slots of 64 threads stack to a 32 x 64
 //   tile. At unit stride and dilation a thread slides a register window
 //   down its column, so each staged value is read once per kernel column,
-//   not once per tap, while the window's weights fit in registers.
+//   not once per tap, while the window's weights fit in registers. Tall
+//   depthwise tiles (sc::fprop_tall): 14 rows x 2 columns a thread, so a
+//   window row is a few 8-byte loads that feed both columns.
 // - wide (RGB stems): 4 rows x 16 channels; the 4 slots cover a 64-channel
 //   tile, and every staged input value feeds 16 multiply-adds.
 // Lanes of a warp own consecutive columns: coalesced stores, conflict-free
@@ -81,12 +83,17 @@ struct ItemRadix {
   }
 };
 
-// kCo output channels x kRows rows per thread; kCoGroups slots split the
-// channel tile, the others stack rows.
-template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups, int kStages>
+// kCo output channels x kRows rows x kCols columns per thread; kCoGroups
+// slots split the channel tile, the others stack rows.
+template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups, int kStages, int kCols,
+          bool kOddLead>
 // Several blocks per SM keep more copies in flight: three with one output
-// channel per group (at most 85 registers; two channels would spill).
-__global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
+// channel per group (at most 85 registers; two channels would spill). With
+// two columns a thread, four blocks of half the threads, as many as the
+// tall tiles' rings fit in shared memory: 128 registers (the window's 28
+// sums and 25 weights; at 80 ptxas reloaded the weights from shared memory
+// for every row).
+__global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 1 ? 3 : 2)
     fprop_small_channels_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                                 const float* __restrict__ x, const float* __restrict__ w,
                                 const float* __restrict__ bias, float* __restrict__ y,
@@ -129,13 +136,19 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   // the block), so that no thread computes columns past the edge (dw_5x5's
   // 56 of 64 spent an eighth of its multiply-adds on them). Slots then
   // straddle warps, which only wide tiles' channel groups (cg) would mind.
+  // With two columns a thread (kCols, tall depthwise tiles), a window row
+  // is a few 8-byte loads for two outputs and each loaded value feeds both.
+  static_assert(kCols == 1 || (kCoGroups == 1 && kCo == 1), "column pairs: depthwise only");
+  static_assert(kCols == 2 || !kOddLead, "the lead's parity matters to column pairs only");
   const int threads = kCoGroups == 1 ? static_cast<int>(blockDim.x) : sc::kThreads;
-  const int slot_cols = threads / sc::kSlots;
-  const int col = threadIdx.x % slot_cols;
-  const int slot = threadIdx.x / slot_cols;  // warp-uniform for wide tiles
+  const int slot_threads = threads / sc::kSlots;
+  const int col = threadIdx.x % slot_threads * kCols;
+  const int slot = threadIdx.x / slot_threads;  // warp-uniform for wide tiles
   const int rg = slot % kRowGroups, cg = slot / kRowGroups;
   const int r0 = rg * kRows;  // first tile row of this thread
   const bool unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
+  // Even rows from an 8-byte aligned output: a column pair is one store.
+  const bool pair_stores = kCols == 2 && Wo % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
 
   // Blocks stride over the work items (Item), prefetching the items they
   // meet next into the ring. The launch picks the stride: one wave of
@@ -238,11 +251,13 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
     const int oh0 = it.th * kTileRows, ow = it.tw * sc::kTileCols + col, n = it.n;
     const HaloCols hc = origin(it);
 
-    float acc[kRows][kCo];
+    float acc[kRows][kCols][kCo];
 #pragma unroll
     for (int c = 0; c < kCo; ++c)
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r][c] = s_bias[cg * kCo + c];
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) acc[r][j][c] = s_bias[cg * kCo + c];
     for (int ci = 0; ci < cin_g; ++ci) {
       const float* sx = s_x + ci * halo_rows * pitch + hc.lead;
       const float* swt = s_w + ci * taps * kCoTile + cg * kCo;
@@ -259,9 +274,25 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
             for (int kw = 0; kw < KW_T; ++kw) tap_weights(swt + (kh * KW_T + kw) * kCoTile, wr[kh][kw]);
 #pragma unroll
           for (int i = 0; i < kRows + KH_T - 1; ++i) {
-            float v[KW_T];
+            // Column pairs load 8-byte aligned pairs (the pitch and the
+            // column are even), from one column before the window where
+            // the staged columns' lead is odd (kOddLead: 16-byte copies
+            // and an odd left padding).
+            constexpr int kShift = kOddLead ? 1 : 0;
+            constexpr int kSpan = KW_T + kCols - 1 + kShift;  // columns a row's taps read
+            float v[kSpan + 1];
+            const float* row = sx + (r0 + i) * pitch + col - kShift;
+            if constexpr (kCols == 2) {
 #pragma unroll
-            for (int kw = 0; kw < KW_T; ++kw) v[kw] = sx[(r0 + i) * pitch + col + kw];
+              for (int m = 0; m < kSpan; m += 2) {
+                const float2 t = *reinterpret_cast<const float2*>(row + m);
+                v[m] = t.x;
+                v[m + 1] = t.y;
+              }
+            } else {
+#pragma unroll
+              for (int m = 0; m < kSpan; ++m) v[m] = row[m];
+            }
 #pragma unroll
             for (int kh = 0; kh < KH_T; ++kh) {
               const int r = i - kh;
@@ -269,7 +300,10 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
 #pragma unroll
               for (int kw = 0; kw < KW_T; ++kw)
 #pragma unroll
-                for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v[kw], wr[kh][kw][c], acc[r][c]);
+                for (int j = 0; j < kCols; ++j)
+#pragma unroll
+                  for (int c = 0; c < kCo; ++c)
+                    acc[r][j][c] = fmaf(v[kShift + kw + j], wr[kh][kw][c], acc[r][j][c]);
             }
           }
           continue;
@@ -297,7 +331,7 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
             for (int r = 0; r < kRows; ++r) {
               const float v = row[r][off];
 #pragma unroll
-              for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v, wv[c], acc[r][c]);
+              for (int c = 0; c < kCo; ++c) acc[r][0][c] = fmaf(v, wv[c], acc[r][0][c]);
             }
             asm volatile("" ::: "memory");
           }
@@ -324,11 +358,13 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
           tap_weights(swt + (kh * KW + kw) * kCoTile, wv);
           const float* s = sx + (r0 * sh + kh * dh) * pitch + col * sw + kw * dw;
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            const float v = s[r * sh * pitch];
+          for (int r = 0; r < kRows; ++r)
 #pragma unroll
-            for (int c = 0; c < kCo; ++c) acc[r][c] = fmaf(v, wv[c], acc[r][c]);
-          }
+            for (int j = 0; j < kCols; ++j) {
+              const float v = s[r * sh * pitch + j * sw];
+#pragma unroll
+              for (int c = 0; c < kCo; ++c) acc[r][j][c] = fmaf(v, wv[c], acc[r][j][c]);
+            }
         }
       }
     }
@@ -342,7 +378,18 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
                        (oh0 + r0) * Wo + ow;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          if (r < rows_left) *y_col = acc[r][c];
+          if (r < rows_left) {
+            if constexpr (kCols == 2) {
+              if (pair_stores) {
+                *reinterpret_cast<float2*>(y_col) = make_float2(acc[r][0][c], acc[r][1][c]);
+              } else {
+                y_col[0] = acc[r][0][c];
+                if (ow + 1 < Wo) y_col[1] = acc[r][1][c];
+              }
+            } else {
+              *y_col = acc[r][0][c];
+            }
+          }
           y_col += Wo;
         }
       }
@@ -353,7 +400,8 @@ __global__ void __launch_bounds__(sc::kThreads, kCo == 1 ? 3 : 2)
   }
 }
 
-template <int KH, int KW, int kCo, int kRows, int kCoGroups>
+template <int KH, int KW, int kCo, int kRows, int kCoGroups, int kCols = 1,
+          bool kOddLead = false>
 void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const float* w,
             const float* bias, float* y, WeightOrder order, bool vec, bool tma) {
   constexpr int kTileRows = kRows * (sc::kSlots / kCoGroups);
@@ -366,10 +414,13 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   // keep it in an int (checked at the entry).
   constexpr int64_t kMaxBlocks = int64_t(1) << 30;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  // Narrow tiles of planes narrower than a tile: a thread per column.
+  // Narrow tiles of planes narrower than a tile: a thread per column (or
+  // column pair).
   const int threads =
-      kCoGroups == 1 ? sc::kSlots * static_cast<int>(std::min<int64_t>(p.out_w, sc::kTileCols))
-                     : sc::kThreads;
+      kCoGroups == 1
+          ? sc::kSlots *
+                static_cast<int>(ceil_div(std::min<int64_t>(p.out_w, sc::kTileCols), kCols))
+          : sc::kThreads;
   auto run = [&](auto kernel) {
     ensure_dynamic_smem(kernel, smem);
     int64_t blocks = 0;
@@ -387,9 +438,9 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   };
   static_assert(sc::kFpropStages == 3, "one instantiation per stage count");
   if (sc::fprop_stages(p) == 3) {
-    run(fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 3>);
+    run(fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 3, kCols, kOddLead>);
   } else {
-    run(fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 2>);
+    run(fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 2, kCols, kOddLead>);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -427,7 +478,16 @@ void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const
         constexpr int kCo = decltype(co)::value;
         if constexpr (kCo == 1 && KH * KW <= sc::kTallMaxTaps) {  // KH = 0: any size
           if (sc::fprop_tall(p)) {
-            launch<KH, KW, 1, sc::kTallRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
+            // Two columns a thread. 16-byte copies and the tensor copy
+            // (whose boxes start 16-byte aligned) stage from the 4-aligned
+            // column at or before the tile's first (HaloCols): an odd lead
+            // where the left padding is odd.
+            if (vec && p.pad_w % 2 != 0) {
+              launch<KH, KW, 1, sc::kTallRows, 1, 2, true>(p, x_map, xp, wp, bias, yp, order, vec,
+                                                          tma);
+            } else {
+              launch<KH, KW, 1, sc::kTallRows, 1, 2>(p, x_map, xp, wp, bias, yp, order, vec, tma);
+            }
             return;
           }
         }
