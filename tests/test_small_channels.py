@@ -93,13 +93,15 @@ CASES = [
     # copies with the Hopper code off), weights staged from the tensor (the
     # dilation does not divide the stride).
     (1, 4, 29, 75, 6, (7, 7), 2, 3, 3, 2, False),
-    # Tall depthwise tiles with two columns a thread: planes wider than a
-    # tile (a partial second one), odd left padding (with 16-byte copies, the
-    # Hopper code off, the tile's staged columns start at an odd lead and a
-    # thread takes one column), an odd output width (the last pair's second
-    # column past the edge, single stores) on the generic kernel size.
+    # Tall depthwise tiles with two columns a thread (unit stride and
+    # dilation, compiled sizes): planes wider than a tile (a partial second
+    # one) with odd left padding (the staged columns start at an odd lead:
+    # pairs loaded from the column before), and an odd output width (the
+    # last pair's second column past the edge, single stores). A generic
+    # size takes tall tiles of one column a thread.
     (2, 4, 56, 100, 4, (3, 3), 1, 1, 1, 4, True),
     (1, 2, 112, 68, 2, (5, 4), 1, (2, 1), 1, 2, False),
+    (1, 2, 112, 45, 2, (5, 5), 1, (2, 1), 1, 2, True),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.

@@ -140,6 +140,11 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   // is a few 8-byte loads for two outputs and each loaded value feeds both.
   static_assert(kCols == 1 || (kCoGroups == 1 && kCo == 1), "column pairs: depthwise only");
   static_assert(kCols == 2 || !kOddLead, "the lead's parity matters to column pairs only");
+  // Column pairs run only the register window (the launch takes them at
+  // unit stride and dilation and a compiled kernel size): the other paths
+  // are left out of the binary, whose instruction fetches were 16% of the
+  // two-column forward's stall samples with them in.
+  static_assert(kCols == 1 || (KH_T > 0 && KH_T * KW_T <= 98), "column pairs: the window only");
   const int threads = kCoGroups == 1 ? static_cast<int>(blockDim.x) : sc::kThreads;
   const int slot_threads = threads / sc::kSlots;
   const int col = threadIdx.x % slot_threads * kCols;
@@ -264,7 +269,7 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
       // The window holds a channel's weights of every tap (98 registers
       // for 7x7 x 2 channels; more would spill).
       if constexpr (KH_T > 0 && kCoGroups == 1 && KH_T * KW_T * kCo <= 98) {
-        if (unit) {
+        if (kCols == 2 || unit) {
           // Input row r0 + i feeds output rows r0 + i - kh: slide down
           // the column, each staged value read once per kernel column.
           float wr[KH_T][KW_T][kCo];
@@ -348,6 +353,7 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
         }
         continue;
       }
+      if constexpr (kCols == 2) continue;
       // Narrow tiles keep per-tap indices: in the stepping form above the
       // 7x7 two-channel tile spilled 56 bytes instead of 12.
 #pragma unroll(KH_T > 0 ? KH_T : 1)
@@ -478,16 +484,24 @@ void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const
         constexpr int kCo = decltype(co)::value;
         if constexpr (kCo == 1 && KH * KW <= sc::kTallMaxTaps) {  // KH = 0: any size
           if (sc::fprop_tall(p)) {
-            // Two columns a thread. 16-byte copies and the tensor copy
-            // (whose boxes start 16-byte aligned) stage from the 4-aligned
-            // column at or before the tile's first (HaloCols): an odd lead
-            // where the left padding is odd.
-            if (vec && p.pad_w % 2 != 0) {
-              launch<KH, KW, 1, sc::kTallRows, 1, 2, true>(p, x_map, xp, wp, bias, yp, order, vec,
-                                                          tma);
-            } else {
-              launch<KH, KW, 1, sc::kTallRows, 1, 2>(p, x_map, xp, wp, bias, yp, order, vec, tma);
+            // Two columns a thread where the register window runs (unit
+            // stride and dilation, a compiled size). 16-byte copies and
+            // the tensor copy (whose boxes start 16-byte aligned) stage
+            // from the 4-aligned column at or before the tile's first
+            // (HaloCols): an odd lead where the left padding is odd.
+            if constexpr (KH > 0) {
+              if (p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 && p.dilation_w == 1) {
+                if (vec && p.pad_w % 2 != 0) {
+                  launch<KH, KW, 1, sc::kTallRows, 1, 2, true>(p, x_map, xp, wp, bias, yp, order,
+                                                              vec, tma);
+                } else {
+                  launch<KH, KW, 1, sc::kTallRows, 1, 2>(p, x_map, xp, wp, bias, yp, order, vec,
+                                                         tma);
+                }
+                return;
+              }
             }
+            launch<KH, KW, 1, sc::kTallRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
             return;
           }
         }
