@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
         }
         continue;
       }
-      if constexpr (kCols == 2) continue;
+      if constexpr (kCols == 2) continue;  // the window took every tap
       // Narrow tiles keep per-tap indices: in the stepping form above the
       // 7x7 two-channel tile spilled 56 bytes instead of 12.
 #pragma unroll(KH_T > 0 ? KH_T : 1)
@@ -364,13 +364,11 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
           tap_weights(swt + (kh * KW + kw) * kCoTile, wv);
           const float* s = sx + (r0 * sh + kh * dh) * pitch + col * sw + kw * dw;
 #pragma unroll
-          for (int r = 0; r < kRows; ++r)
+          for (int r = 0; r < kRows; ++r) {
+            const float v = s[r * sh * pitch];
 #pragma unroll
-            for (int j = 0; j < kCols; ++j) {
-              const float v = s[r * sh * pitch + j * sw];
-#pragma unroll
-              for (int c = 0; c < kCo; ++c) acc[r][j][c] = fmaf(v, wv[c], acc[r][j][c]);
-            }
+            for (int c = 0; c < kCo; ++c) acc[r][0][c] = fmaf(v, wv[c], acc[r][0][c]);
+          }
         }
       }
     }
