@@ -11,12 +11,13 @@
 //   tile. At unit stride and dilation a thread slides a register window
 //   down its column, so each staged value is read once per kernel column,
 //   not once per tap, while the window's weights fit in registers. Tall
-//   depthwise tiles (sc::fprop_tall): 14 rows x 2 columns a thread, so a
-//   window row is a few 8-byte loads that feed both columns.
+//   depthwise tiles (sc::fprop_tall) at unit stride and dilation: 14 rows
+//   x 2 columns a thread, so a window row is a few 8-byte loads that feed
+//   both columns.
 // - wide (RGB stems): 4 rows x 16 channels; the 4 slots cover a 64-channel
 //   tile, and every staged input value feeds 16 multiply-adds.
-// Lanes of a warp own consecutive columns: coalesced stores, conflict-free
-// shared reads at unit stride.
+// Lanes of a warp own consecutive columns (or column pairs): coalesced
+// stores, conflict-free shared reads at unit stride.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
