@@ -1,14 +1,18 @@
 """Benchmark conv2d_ext against PyTorch (cuDNN with benchmark=True).
 
     python -m conv2d_ext.benchmark [--shapes a,b,c] [--passes forward,...]
-                                   [--precision tf32,ieee] [--quick] [--json PATH]
+                                   [--precision tf32,ieee] [--quick]
+                                   [--timing gpu|call] [--json PATH]
 
 Times forward, backward_input (dgrad), backward_weight (wgrad) and a
 training step (forward + both gradients of conv2d_ext.Conv2d against
-nn.Conv2d) of both implementations side by side in one process, with CUDA events (warm-up, then
-the median of repeats), rotating input sets so that the working set exceeds
-the L2 cache. Every result is checked against a float64 reference. Without a
-GPU it runs the CPU path on reduced sizes.
+nn.Conv2d) of both implementations side by side in one process, with CUDA
+events (warm-up, then the median of repeats), rotating input sets so that
+the working set exceeds the L2 cache. By default each sample is the GPU's
+time of one call: a spin kernel holds the GPU while the host enqueues it,
+so the host's dispatch is not counted (--timing call counts it). Every
+result is checked against a float64 reference. Without a GPU it runs the
+CPU path on reduced sizes.
 
 Memory-bound shapes (MEMORY_BOUND: depthwise and few-input-channel layers)
 are judged by bandwidth rather than FLOP/s: their records also give the
@@ -152,27 +156,65 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_ms(fn, input_sets, device, warmup, repeats, budget_s):
-    """Median milliseconds of fn over rotating input sets."""
+_SPIN_CYCLES_PER_MS = {}
+
+
+def _spin_cycles_per_ms(device):
+    """Clock cycles of torch.cuda._sleep per millisecond on this device,
+    measured once."""
+    if device not in _SPIN_CYCLES_PER_MS:
+        cycles = 1 << 20
+        torch.cuda._sleep(cycles)  # first launch out of the way
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _SPIN_CYCLES_PER_MS[device] = cycles / start.elapsed_time(end)
+    return _SPIN_CYCLES_PER_MS[device]
+
+
+def time_ms(fn, input_sets, device, warmup, repeats, budget_s, timing="gpu"):
+    """Median milliseconds of fn over rotating input sets.
+
+    timing="gpu" (the default) times the GPU's work only: a spin kernel
+    holds the GPU while the host enqueues the start event, the call and the
+    end event, so the call's kernels run back to back from the start event
+    on, whatever the host's dispatch costs (as nvbench does with its
+    blocking kernel). The spin outlasts the host's enqueueing by a factor of
+    two or more; if a call took longer to enqueue, the spin is lengthened
+    and the sample taken again. timing="call" records the start event
+    right before the call on an idle GPU, so the host's dispatch and the
+    launch latency are part of every sample."""
     for i in range(warmup):
         fn(*input_sets[i % len(input_sets)])
     _sync(device)
+    hold_ms = 0.25
     times = []
     start_wall = time.perf_counter()
-    for i in range(repeats):
+    i = 0
+    while len(times) < repeats:
         args = input_sets[i % len(input_sets)]
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if timing == "gpu":
+                torch.cuda._sleep(int(hold_ms * _spin_cycles_per_ms(device)))
+            t0 = time.perf_counter()
             start.record()
             fn(*args)
             end.record()
+            host_ms = (time.perf_counter() - t0) * 1e3
             end.synchronize()
+            if timing == "gpu" and 2 * host_ms > hold_ms:
+                hold_ms = 4 * host_ms  # the GPU may have waited for the host: sample again
+                continue
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
             fn(*args)
             times.append((time.perf_counter() - t0) * 1e3)
-        if i >= 2 and time.perf_counter() - start_wall > budget_s:
+        i += 1
+        if i >= 3 and time.perf_counter() - start_wall > budget_s:
             break
     return statistics.median(times)
 
@@ -190,7 +232,7 @@ def min_bytes(shape, pass_):
     return 4 * elements[pass_]
 
 
-def copy_gbps(device, warmup, repeats, budget_s):
+def copy_gbps(device, warmup, repeats, budget_s, timing="gpu"):
     """GB/s of dst.copy_(src), counting bytes read plus bytes written: the
     practical bandwidth ceiling a memory-bound pass is measured against. On
     a GPU the tensor is at least 4x the L2 cache, so the copy streams from
@@ -201,7 +243,7 @@ def copy_gbps(device, warmup, repeats, budget_s):
         nbytes = 64 << 20
     src = torch.randn(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    ms = time_ms(lambda s, d: d.copy_(s), [(src, dst)], device, warmup, repeats, budget_s)
+    ms = time_ms(lambda s, d: d.copy_(s), [(src, dst)], device, warmup, repeats, budget_s, timing)
     return 2 * src.numel() * 4 / ms / 1e6
 
 
@@ -220,7 +262,7 @@ def _cudnn(precision):
                                       allow_tf32=precision == "tf32")
 
 
-def run(shapes, passes, precisions, device, quick=False, progress=print):
+def run(shapes, passes, precisions, device, quick=False, progress=print, timing="gpu"):
     records = []
     l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 32 << 20
     warmup, repeats, budget = (1, 5, 0.3) if quick else (3, 30, 1.5)
@@ -234,7 +276,7 @@ def run(shapes, passes, precisions, device, quick=False, progress=print):
         gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
         sets = [_make_inputs(shape, device, generator=gen) for _ in range(n_sets)]
         if name in MEMORY_BOUND and copy is None:
-            copy = copy_gbps(device, warmup, repeats, budget)
+            copy = copy_gbps(device, warmup, repeats, budget, timing)
             progress(f"copy: {copy:.1f} GB/s")
         for pass_ in passes:
             ext, ref_fn = _ext_fn(pass_, shape, device), _torch_fn(pass_, shape, device)
@@ -250,8 +292,8 @@ def run(shapes, passes, precisions, device, quick=False, progress=print):
                 with _cudnn(precision):
                     ext_err = rel_err(ext(x, w, gy), reference)
                     torch_err = rel_err(ref_fn(x, w, gy), reference)
-                    ext_ms = time_ms(ext, sets, device, warmup, repeats, budget)
-                    torch_ms = time_ms(ref_fn, sets, device, warmup, repeats, budget)
+                    ext_ms = time_ms(ext, sets, device, warmup, repeats, budget, timing)
+                    torch_ms = time_ms(ref_fn, sets, device, warmup, repeats, budget, timing)
                 flops = shape.flops() * (3 if pass_ == "step" else 1)
                 rec = {
                     "shape": name,
@@ -330,6 +372,9 @@ def main(argv=None):
     parser.add_argument("--passes", default=",".join(PASSES))
     parser.add_argument("--precision", default=",".join(PRECISIONS), help="tf32, ieee or both")
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--timing", choices=["gpu", "call"], default="gpu",
+                        help="gpu: the GPU's time of each call, its host dispatch hidden behind a spin kernel "
+                             "(default); call: from an idle GPU, the host's dispatch and launch included")
     parser.add_argument("--json", metavar="PATH", help="write the records and environment as JSON")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -342,8 +387,9 @@ def main(argv=None):
         print("no GPU: timing the CPU path on reduced sizes", file=sys.stderr)
     env = environment(device)
     print(f"# {env['device']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}", file=sys.stderr)
+    env["timing"] = args.timing if device.type == "cuda" else "wall"
     records = run(shapes, passes, precisions, device, args.quick,
-                  progress=lambda s: print(s, file=sys.stderr, flush=True))
+                  progress=lambda s: print(s, file=sys.stderr, flush=True), timing=args.timing)
     print(format_table(records))
     if args.json:
         with open(args.json, "w") as f:

@@ -3,6 +3,7 @@ the A/B script."""
 import importlib.util
 import json
 import pathlib
+import time
 
 import pytest
 import torch
@@ -46,6 +47,24 @@ def test_benchmark_cli_writes_records(tmp_path, capsys):
         for key in ("shape", "precision", "ext_ms", "torch_ms", "speedup", "ext_rel_err", "torch_rel_err"):
             assert key in r
         assert r["ext_rel_err"] < 1e-5 and r["ext_ms"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_benchmark_gpu_timing_hides_the_host():
+    """timing="gpu" counts the GPU's work only: a call that spends 3 ms on
+    the host before a short kernel measures well under that, while
+    timing="call" counts the host's 3 ms."""
+    x = torch.randn(1 << 20, device="cuda")
+
+    def slow_host(t):
+        time.sleep(3e-3)
+        return t * 2
+
+    device = torch.device("cuda")
+    gpu = benchmark.time_ms(slow_host, [(x,)], device, 1, 5, 10.0, timing="gpu")
+    call = benchmark.time_ms(slow_host, [(x,)], device, 1, 5, 10.0, timing="call")
+    assert call > 3.0
+    assert gpu < 1.0
 
 
 def test_benchmark_rejects_unknown_shape():
