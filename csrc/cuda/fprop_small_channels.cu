@@ -386,7 +386,11 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
           if (r < rows_left) {
             if constexpr (kCols == 2) {
               if (pair_stores) {
-                *reinterpret_cast<float2*>(y_col) = make_float2(acc[r][0][c], acc[r][1][c]);
+                // One 8-byte store: ptxas split the plain float2 store into
+                // two 4-byte ones (the pair's registers not adjacent).
+                asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(y_col), "f"(acc[r][0][c]),
+                             "f"(acc[r][1][c])
+                             : "memory");
               } else {
                 y_col[0] = acc[r][0][c];
                 if (ow + 1 < Wo) y_col[1] = acc[r][1][c];
