@@ -130,7 +130,10 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
   const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
-  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * dw + 1;
+  // Narrow tiles of planes narrower than a tile stage only the columns
+  // their threads cover (sc::fprop_tile_cols).
+  const int tile_cols = kCoGroups == 1 ? min(sc::kTileCols, (Wo + 1) / 2 * 2) : sc::kTileCols;
+  const int halo_cols = (tile_cols - 1) * sw + (KW - 1) * dw + 1;
 
   // A slot's threads: one per column of the tile, kTileCols, or for narrow
   // tiles of planes narrower than that, the plane's width (the launch sizes
