@@ -620,15 +620,19 @@ constexpr int64_t fprop_buffer_floats(int64_t cin, int64_t plane_floats) {
 constexpr int64_t fprop_weight_floats(int64_t cin, int64_t taps, int64_t co_tile) {
   return (cin * taps + 1) * co_tile;
 }
-// Output columns a forward tile's halo spans. Narrow tiles of planes
-// narrower than a tile cover only the plane (their threads do, see the
-// kernel), rounded up to whole column pairs: the halo then shrinks with
-// them. That matters to the tensor copy beyond the bytes: dw_5x5's 56-column
-// planes staged as 72 x 60 boxes streamed 7% slower than as 64 x 60 boxes
-// (a copy-only kernel of the same pattern on the H100: 2.52 against 2.71
-// TB/s, perf-notes).
+// Output columns of a forward tile. Narrow tiles split the plane's width
+// into even tiles of at most kTileCols, as many as 64-column tiles would
+// be, rounded up to whole column pairs (their threads cover just that),
+// and the halo shrinks with them. That matters to the tensor copy beyond
+// the bytes: dw_5x5's 56-column planes staged as 72 x 60 boxes streamed
+// 7% slower than as 64 x 60 boxes (a copy-only kernel of the same pattern
+// on the H100: 2.52 against 2.71 TB/s, perf-notes), and a 112-column plane
+// is two 56-column tiles whose boxes are 64 wide, not a 64-column tile and
+// a 48-column one, each staged 72 wide.
 inline int64_t fprop_tile_cols(const ConvParams& p, bool narrow_tile) {
-  return narrow_tile ? std::min<int64_t>(kTileCols, (p.out_w + 1) / 2 * 2) : kTileCols;
+  if (!narrow_tile) return kTileCols;
+  const int64_t tiles = (p.out_w + kTileCols - 1) / kTileCols;
+  return ((p.out_w + tiles - 1) / tiles + 1) / 2 * 2;
 }
 // Narrow tiles stage their few weights with each item's halo, in the ring:
 // a block's consecutive items are usually other channels, and weights read

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
                                 const float* __restrict__ x, const float* __restrict__ w,
                                 const float* __restrict__ bias, float* __restrict__ y,
                                 WeightOrder order, bool vec, bool tma, int halo_rows,
-                                int pitch) {
+                                int pitch, int narrow_tile_cols) {
   constexpr int kRowGroups = sc::kSlots / kCoGroups;
   constexpr int kTileRows = kRows * kRowGroups;
   constexpr int kCoTile = kCo * kCoGroups;
@@ -129,16 +129,16 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
 
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
-  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
-  // Narrow tiles of planes narrower than a tile stage only the columns
-  // their threads cover (sc::fprop_tile_cols).
-  const int tile_cols = kCoGroups == 1 ? min(sc::kTileCols, (Wo + 1) / 2 * 2) : sc::kTileCols;
+  // sc::fprop_tile_cols; a constant for wide tiles (a register less: their
+  // spills grew with it).
+  const int tile_cols = kCoGroups == 1 ? narrow_tile_cols : sc::kTileCols;
+  const int tiles_w = (Wo + tile_cols - 1) / tile_cols;
   const int halo_cols = (tile_cols - 1) * sw + (KW - 1) * dw + 1;
 
   // A slot's threads: one per column of the tile, kTileCols, or for narrow
-  // tiles of planes narrower than that, the plane's width (the launch sizes
-  // the block), so that no thread computes columns past the edge (dw_5x5's
-  // 56 of 64 spent an eighth of its multiply-adds on them). Slots then
+  // tiles, the tile's columns (the launch sizes the block), so that no
+  // thread computes columns past the edge (dw_5x5's 56 of 64 spent an
+  // eighth of its multiply-adds on them). Slots then
   // straddle warps, which only wide tiles' channel groups (cg) would mind.
   // With two columns a thread (kCols, tall depthwise tiles), a window row
   // is a few 8-byte loads for two outputs and each loaded value feeds both.
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   const ItemRadix radix{tiles_w, (Ho + kTileRows - 1) / kTileRows, co_tiles, groups};
   const Item step = radix.item(gridDim.x);
   auto origin = [&](const Item& it) {
-    return small_channels::halo_cols(it.tw * sc::kTileCols * sw - pad_w, vec);
+    return small_channels::halo_cols(it.tw * tile_cols * sw - pad_w, vec);
   };
 
   // With the tensor-copy engine (tma), one thread starts an item's box
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
     const float* s_x = s_buf + buf * buf_floats;
     const float* s_w = kRingWeights ? s_x + halo_floats : s_wide_w;
     const float* s_bias = s_w + w_floats - kCoTile;
-    const int oh0 = it.th * kTileRows, ow = it.tw * sc::kTileCols + col, n = it.n;
+    const int oh0 = it.th * kTileRows, ow = it.tw * tile_cols + col, n = it.n;
     const HaloCols hc = origin(it);
 
     float acc[kRows][kCols][kCo];
@@ -419,20 +419,17 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   constexpr int kTileRows = kRows * (sc::kSlots / kCoGroups);
   const sc::Halo h = sc::fprop_halo(p);
   const size_t smem = static_cast<size_t>(sc::fprop_smem_bytes(p));
-  const int64_t tiles = ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols);
+  const int tile_cols = static_cast<int>(sc::fprop_tile_cols(p, kCoGroups == 1));
+  const int64_t tiles = ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, tile_cols);
   const int64_t channel_tiles = p.groups * ceil_div(p.out_channels_per_group(), kCo * kCoGroups);
   const int64_t items = p.batch * channel_tiles * tiles;
   // Item::n steps by up to the block count past the batch: both below 2^30
   // keep it in an int (checked at the entry).
   constexpr int64_t kMaxBlocks = int64_t(1) << 30;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  // Narrow tiles of planes narrower than a tile: a thread per column (or
-  // column pair).
+  // Narrow tiles: a thread per column (or column pair) of the tile.
   const int threads =
-      kCoGroups == 1
-          ? sc::kSlots *
-                static_cast<int>(ceil_div(std::min<int64_t>(p.out_w, sc::kTileCols), kCols))
-          : sc::kThreads;
+      kCoGroups == 1 ? sc::kSlots * static_cast<int>(ceil_div(tile_cols, kCols)) : sc::kThreads;
   auto run = [&](auto kernel) {
     ensure_dynamic_smem(kernel, smem);
     int64_t blocks = 0;
@@ -446,7 +443,7 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
       blocks = std::min(tiles * channel_tiles * images, kMaxBlocks);
     }
     kernel<<<static_cast<unsigned>(blocks), threads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        x_map, p, x, w, bias, y, order, vec, tma, h.rows, h.pitch);
+        x_map, p, x, w, bias, y, order, vec, tma, h.rows, h.pitch, tile_cols);
   };
   static_assert(sc::kFpropStages == 3, "one instantiation per stage count");
   if (sc::fprop_stages(p) == 3) {
