@@ -746,8 +746,14 @@ constexpr int kWgradWidePixels = kWgradWideRows * kTileCols;
 constexpr int kWgradWideCo = 64;
 constexpr int kWgradGoPitch = kWgradWideCo + 4;
 constexpr int kWgradSumPitch = 64 + 4;  // a thread's 8 x 8 sums, padded
+// Narrow tiles of planes narrower than a tile stage only the plane's
+// columns (their threads past it skip the tile): as for the forward
+// (fprop_tile_cols), dw_5x5's input boxes are then 64 floats wide, not 72.
+inline int64_t wgrad_tile_cols(const ConvParams& p) {
+  return narrow(p) ? std::min<int64_t>(kTileCols, p.out_w) : kTileCols;
+}
 inline Halo wgrad_halo(const ConvParams& p) {
-  return halo(narrow(p) ? kNarrowRows * kSlots : kWgradWideRows, kTileCols, p.kernel_h,
+  return halo(narrow(p) ? kNarrowRows * kSlots : kWgradWideRows, wgrad_tile_cols(p), p.kernel_h,
               p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w);
 }
 // Wide: one stage (grad_output tile and input halo), then each of the

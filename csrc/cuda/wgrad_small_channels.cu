@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                         const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                         const float* __restrict__ grad_out, const float* __restrict__ x,
                         float* __restrict__ partial, bool vec, bool vec_go, bool tma,
-                        int halo_rows, int pitch, int segs, int stages_per_slice) {
+                        int halo_rows, int pitch, int halo_cols, int segs,
+                        int stages_per_slice) {
   constexpr int kTaps = narrow_taps<KH_T, KW_T, kCo>();
   constexpr int kStages = sc::kHaloStages;
   constexpr int kGoFloats = kTileRows * sc::kTileCols;  // one channel's tile
@@ -117,7 +118,6 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int total = p.batch * tiles;
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
-  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
   const int x_floats = static_cast<int>(sc::aligned_floats(halo_rows * pitch));
   const int buf_floats = x_floats + kCo * kGoFloats;
   // Step s is tile (th, tw) of image n, tw fastest. Cursors step by one
@@ -271,6 +271,10 @@ Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tenso
                     const at::Tensor& grad_w, bool vec, bool vec_go) {
   constexpr int kTaps = narrow_taps<KH, KW, kCo>();
   const sc::Halo h = sc::wgrad_halo(p);
+  // The staged input columns: those of the tile's threads inside the plane
+  // (sc::wgrad_tile_cols).
+  const int halo_cols = static_cast<int>((sc::wgrad_tile_cols(p) - 1) * p.stride_w +
+                                         (p.kernel_w - 1) * p.dilation_w + 1);
   const int segs = static_cast<int>(ceil_div(p.kernel_h * p.kernel_w, kTaps));
   const int64_t blocks_x = p.groups * p.in_channels_per_group() * segs;
   const int64_t stages = p.batch * ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols);
@@ -291,7 +295,7 @@ Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tenso
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, sp.slices), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
       x_map, go_map, p, go_t.data_ptr<float>(), x_t.data_ptr<float>(), sp.partial.data_ptr<float>(),
-      vec, vec_go, tma, h.rows, h.pitch, segs, sp.per_slice);
+      vec, vec_go, tma, h.rows, h.pitch, halo_cols, segs, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return sp;
 }
