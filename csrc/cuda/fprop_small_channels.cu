@@ -138,10 +138,10 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   // A slot's threads: one per column of the tile, kTileCols, or for narrow
   // tiles, the tile's columns (the launch sizes the block), so that no
   // thread computes columns past the edge (dw_5x5's 56 of 64 spent an
-  // eighth of its multiply-adds on them). Slots then
-  // straddle warps, which only wide tiles' channel groups (cg) would mind.
-  // With two columns a thread (kCols, tall depthwise tiles), a window row
-  // is a few 8-byte loads for two outputs and each loaded value feeds both.
+  // eighth of its multiply-adds on them). Slots then straddle warps, which
+  // only wide tiles' channel groups (cg) would mind. With two columns a
+  // thread (kCols, tall depthwise tiles), a window row is a few 8-byte
+  // loads for two outputs and each loaded value feeds both.
   static_assert(kCols == 1 || (kCoGroups == 1 && kCo == 1), "column pairs: depthwise only");
   static_assert(kCols == 2 || !kOddLead, "the lead's parity matters to column pairs only");
   // Column pairs run only the register window (the launch takes them at
