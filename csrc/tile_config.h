@@ -720,18 +720,6 @@ inline Halo dgrad_halo(const ConvParams& p) {
   }
   return h;
 }
-// Rows a thread of the specialised dgrad kernels: 7 (28-row tiles) where
-// they cover the largest phase's rows with fewer rows a thread in all than
-// 8 (32-row tiles) do. A block lasts as long as its busiest warp, and warps
-// past the phase only skip the taps: a stem's 112-row phases took four
-// 32-row tiles for three and a half tiles' work. The halo and the shared
-// memory stay sized for 32 rows (a superset).
-inline int dgrad_rows(const ConvParams& p) {
-  const int64_t rows = (p.in_h + p.stride_h - 1) / p.stride_h;
-  const int64_t tall = (rows + 8 * kSlots - 1) / (8 * kSlots) * 8;
-  const int64_t short_ = (rows + 7 * kSlots - 1) / (7 * kSlots) * 7;
-  return short_ < tall ? 7 : kNarrowRows;
-}
 inline int64_t dgrad_smem_bytes(const ConvParams& p) {
   const int64_t halo_floats = dgrad_halo(p).floats;
   if (halo_floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage

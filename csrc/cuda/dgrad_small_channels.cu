@@ -12,8 +12,7 @@
 //
 // A block owns a 32 x 64 tile of one phase of one image and group, all the
 // group's input channels (at most 4) as accumulators: each thread a column
-// of 8 rows (specialised sizes: 28 x 64 and 7 rows where that splits the
-// phases' rows more evenly, sc::dgrad_rows). It stages grad_output tiles of 4 channels at a time with
+// of 8 rows. It stages grad_output tiles of 4 channels at a time with
 // their halo and the matching weights, so every grad_input element is
 // written once. On Hopper one thread starts both copies (a tensor-map box
 // for the halo, a bulk copy of the weights, prearranged per phase by a
@@ -38,6 +37,8 @@ namespace {
 namespace sc = conv2d_ext::small_channels;
 using small_channels::HaloCols;
 
+constexpr int kRows = sc::kNarrowRows;
+constexpr int kTileRows = kRows * sc::kSlots;
 constexpr int kChunk = sc::kDgradCoChunk;
 
 // The taps of one kernel dimension that reach phase `ph`: tap k reaches it
@@ -84,7 +85,7 @@ __device__ __forceinline__ PhaseTaps phase_taps(int ph, int pad, int kernel, int
 // and no tap is branched around (the run-time count cost about 40% more
 // instructions per column: address arithmetic and predicates). `w` holds
 // the column's taps' weights, tap q's 4 at w + 4q.
-template <int kCount, int kCi, int kPitch, int kRows>
+template <int kCount, int kCi, int kPitch>
 __device__ __forceinline__ void accumulate_column(const float* s, const float* w,
                                                   float (&acc)[kRows][kCi]) {
   float win[kRows + kCount - 1];
@@ -139,9 +140,7 @@ __global__ void arrange_phase_weights(const ConvParams p, const float* __restric
   }
 }
 
-// kRows rows a thread: 8 (sc::kNarrowRows), or 7 where 28-row tiles cover
-// the phases' rows with fewer tile rows' worth of work (sc::dgrad_rows).
-template <int KH_T, int KW_T, int kCi, int kRows>
+template <int KH_T, int KW_T, int kCi>
 __global__ void __launch_bounds__(sc::kThreads, 2)
     dgrad_small_channels_kernel(const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                                 const float* __restrict__ grad_out,
@@ -149,7 +148,6 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                                 const float* __restrict__ w_phase, int phase_floats,
                                 float* __restrict__ grad_in, bool vec, bool tma, int halo_rows,
                                 int pitch_arg, int tiles_w, int stages, int stage_floats) {
-  constexpr int kTileRows = kRows * sc::kSlots;
   // Specialised sizes stage at a fixed pitch (the launch checks it fits).
   constexpr int kPitch = KH_T > 0 ? sc::kDgradPitch : 0;
   const int pitch = static_or<kPitch>(pitch_arg);
@@ -284,7 +282,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                                    (tw.off_first - off_w_min);
                 const float* swc = sw_b + c * taps_phase * 4;
                 for (int b = 0; b < tw.count; ++b)
-                  accumulate_column<kCount, kCi, kPitch, kRows>(sgo - b * tw.off_step,
+                  accumulate_column<kCount, kCi, kPitch>(sgo - b * tw.off_step,
                                                          swc + b * kCount * 4, part);
               }
             });
@@ -334,18 +332,14 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   }
 }
 
-template <int KH, int KW, int kCi, int kRows = sc::kNarrowRows>
+template <int KH, int KW, int kCi>
 void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
             bool vec) {
   const sc::Halo h = sc::dgrad_halo(p);
   if constexpr (KH > 0) {
     // Strides and dilations whose halo is wider than the fixed pitch.
     if (h.pitch != sc::kDgradPitch) return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
-    if constexpr (kRows == sc::kNarrowRows) {
-      if (sc::dgrad_rows(p) != kRows) return launch<KH, KW, kCi, 7>(p, grad_out, w, gi, vec);
-    }
   }
-  constexpr int kTileRows = kRows * sc::kSlots;
   const int stages = sc::dgrad_stages(p);
   const int64_t stage_floats = sc::dgrad_stage_floats(p);
   const size_t smem =
@@ -383,7 +377,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
                              static_cast<uint32_t>(h.rows), kChunk, 1);
   }
   const dim3 grid(blocks, std::min(p.groups, kMaxGridYZ), std::min(p.batch, kMaxGridYZ));
-  auto kernel = dgrad_small_channels_kernel<KH, KW, kCi, kRows>;
+  auto kernel = dgrad_small_channels_kernel<KH, KW, kCi>;
   ensure_dynamic_smem(kernel, smem);
   kernel<<<grid, sc::kThreads, smem, stream>>>(
       go_map, p, grad_out.data_ptr<float>(), w,
