@@ -586,6 +586,7 @@ inline bool narrow(const ConvParams& p) { return p.out_channels_per_group() <= k
 struct Halo {
   int rows, pitch;
   int64_t floats;  // of one plane
+  int cols;        // the columns staged (rows x cols of the pitch are read)
 };
 
 inline Halo halo(int64_t out_rows, int64_t out_cols, int64_t kernel_h, int64_t kernel_w,
@@ -599,6 +600,7 @@ inline Halo halo(int64_t out_rows, int64_t out_cols, int64_t kernel_h, int64_t k
     return h;
   }
   h.rows = static_cast<int>(rows);
+  h.cols = static_cast<int>(cols);
   h.pitch = static_cast<int>((cols + 3 + 3) / 4 * 4);
   h.floats = int64_t(h.rows) * h.pitch;
   return h;

@@ -270,11 +270,9 @@ template <int KH, int KW, int kCo>
 Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tensor& x_t,
                     const at::Tensor& grad_w, bool vec, bool vec_go) {
   constexpr int kTaps = narrow_taps<KH, KW, kCo>();
-  const sc::Halo h = sc::wgrad_halo(p);
-  // The staged input columns: those of the tile's threads inside the plane
+  // h.cols: the input columns of the tile's threads inside the plane
   // (sc::wgrad_tile_cols).
-  const int halo_cols = static_cast<int>((sc::wgrad_tile_cols(p) - 1) * p.stride_w +
-                                         (p.kernel_w - 1) * p.dilation_w + 1);
+  const sc::Halo h = sc::wgrad_halo(p);
   const int segs = static_cast<int>(ceil_div(p.kernel_h * p.kernel_w, kTaps));
   const int64_t blocks_x = p.groups * p.in_channels_per_group() * segs;
   const int64_t stages = p.batch * ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols);
@@ -295,7 +293,7 @@ Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tenso
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, sp.slices), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
       x_map, go_map, p, go_t.data_ptr<float>(), x_t.data_ptr<float>(), sp.partial.data_ptr<float>(),
-      vec, vec_go, tma, h.rows, h.pitch, halo_cols, segs, sp.per_slice);
+      vec, vec_go, tma, h.rows, h.pitch, h.cols, segs, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return sp;
 }
