@@ -46,6 +46,10 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // phases at once (the default), or on the FFMA gather (see plan.h).
   m.def("_set_few_channel_dgrad_tc(bool enable) -> bool",
         &conv2d_ext::set_few_channel_dgrad_tc);
+  // Whether the few-channel FFMA dgrad takes two columns a thread where it
+  // can (the default) or one (see plan.h).
+  m.def("_set_few_channel_dgrad_pairs(bool enable) -> bool",
+        &conv2d_ext::set_few_channel_dgrad_pairs);
   // The algorithm a pass ('forward', 'backward_input', 'backward_weight')
   // of a convolution of these forward arguments would run now, e.g. for
   // tests to check which kernels they cover.

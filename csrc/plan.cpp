@@ -20,6 +20,7 @@ std::atomic<bool> g_flat_kernels{true};
 std::atomic<bool> g_short_wgrad_direct{true};
 std::atomic<bool> g_few_channel_wgrad_wgmma{true};
 std::atomic<bool> g_few_channel_dgrad_tc{true};
+std::atomic<bool> g_few_channel_dgrad_pairs{true};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
@@ -43,6 +44,12 @@ bool few_channel_wgrad_wgmma(int sm) {
 }
 
 bool set_few_channel_dgrad_tc(bool enable) { return g_few_channel_dgrad_tc.exchange(enable); }
+
+bool set_few_channel_dgrad_pairs(bool enable) {
+  return g_few_channel_dgrad_pairs.exchange(enable);
+}
+
+bool few_channel_dgrad_pairs() { return g_few_channel_dgrad_pairs.load(std::memory_order_relaxed); }
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws

@@ -84,6 +84,13 @@ bool few_channel_wgrad_wgmma(int sm);
 // Returns the previous setting.
 bool set_few_channel_dgrad_tc(bool enable);
 
+// Whether the FFMA gather takes two columns a thread on the phases it has
+// compiled for (stride 2, unit dilation: RGB stems; the default) or one
+// (off: keeps the one-column path tested on those shapes). Returns the
+// previous setting.
+bool set_few_channel_dgrad_pairs(bool enable);
+bool few_channel_dgrad_pairs();
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, cuda_only, few_channel_dgrad_tc, few_channel_wgrad_wgmma,
+from utils import (DEVICES, cuda_only, few_channel_dgrad_pairs, few_channel_dgrad_tc,
+                   few_channel_wgrad_wgmma,
                    hopper_kernels, is_hopper_build, precision_of, reduction_lengths, reference,
                    rel_err, tf32_mode, tolerance)
 
@@ -102,6 +103,13 @@ CASES = [
     (2, 4, 56, 100, 4, (3, 3), 1, 1, 1, 4, True),
     (1, 2, 112, 68, 2, (5, 4), 1, (2, 1), 1, 2, False),
     (1, 2, 112, 45, 2, (5, 5), 1, (2, 1), 1, 2, True),
+    # The strided dgrad's two columns a thread (stride 2, unit dilation): a
+    # 7x7 RGB layer with padding 2, whose column phases stage from an even
+    # and from an odd lead (grad_output rows of 100 floats: the tensor-copy
+    # engine, or 16-byte async copies), over two column tiles of 101-column
+    # phases (the second one's last pair half past the edge) and two row
+    # tiles of 35-row phases.
+    (1, 3, 70, 202, 10, (7, 7), 2, 2, 1, 1, True),
 ]
 CASE_IDS = [f"case{i}" for i in range(len(CASES))]
 # A few cases in float64 too: depthwise, multiplier 2, RGB stem, 70 per group.
@@ -115,6 +123,13 @@ REPRODUCIBLE = [
     (4, 16, 64, 64, 32, (5, 5), 2, 2, 1, 16, False),
     (4, 3, 64, 64, 64, (7, 7), 2, 3, 1, 1, False),
 ]
+
+# Strided dgrads whose phases the gather takes two columns a thread (stride
+# 2, unit dilation, a compiled size): depthwise 3x3, 5x5 and 7x7, the stem,
+# 5x5 of 2 channels, 4 -> 4 channels (its 3 x 3 tap phases keep one column:
+# their weights would not fit in registers), 7x7 over two groups, both lead
+# parities. In TF32 mode some run on tensor cores instead.
+PAIR_CASES = [1, 4, 6, 13, 16, 25, 30, 31, 37, 43]
 
 PASSES = ("forward", "backward_input", "backward_weight")
 SMALL_CHANNEL_KERNELS = ("depthwise", "few_channels")
@@ -214,6 +229,32 @@ def test_small_channels_without_copy_engine(case, precision):
     other GPUs use are checked here with the Hopper code off."""
     with hopper_kernels(False):
         _run(case, "cuda", torch.float32)
+
+
+@cuda_only
+@pytest.mark.parametrize("case", [CASES[i] for i in PAIR_CASES], ids=[f"case{i}" for i in PAIR_CASES])
+def test_strided_dgrad_one_column_a_thread(case, precision):
+    """The gather's one-column path on the phases that take two columns a
+    thread by default (the switch off), against float64 to the IEEE bound;
+    on the stem in IEEE mode its bits differ from the default's (another
+    order of the same sums), so the switch took effect."""
+    with few_channel_dgrad_pairs(False):
+        _run(case, "cuda", torch.float32)
+    if case != CASES[13] or precision != "ieee":
+        return
+    n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(n, cin, h, w, device="cuda", generator=gen)
+    wt = torch.randn(cout, cin // groups, *k, device="cuda", generator=gen)
+    y = conv2d_ext.conv2d(x, wt, None, stride, padding, dilation, groups)
+    gy = torch.randn(y.shape, device="cuda", generator=gen)
+    outs = []
+    for pairs in (True, False):
+        with few_channel_dgrad_pairs(pairs):
+            xg = x.clone().requires_grad_(True)
+            outs.append(torch.autograd.grad(
+                conv2d_ext.conv2d(xg, wt, None, stride, padding, dilation, groups), xg, gy)[0])
+    assert not torch.equal(outs[0], outs[1]), "the switch changed nothing"
 
 
 @pytest.mark.parametrize("case", FLOAT64_CASES, ids=[f"f64case{i}" for i in range(len(FLOAT64_CASES))])

@@ -124,6 +124,12 @@ def few_channel_dgrad_tc(enabled):
     return op_switch("few_channel_dgrad_tc", enabled)
 
 
+def few_channel_dgrad_pairs(enabled):
+    """The few-channel FFMA dgrad's two columns a thread where it has them
+    (on, the default) or one column (off) for the duration."""
+    return op_switch("few_channel_dgrad_pairs", enabled)
+
+
 def few_channel_wgrad_wgmma(enabled):
     """The few-channel tensor-core wgrad's 3xTF32 stage on Hopper: wgmma (on,
     the default) or mma.sync (off, as other GPUs run it) for the duration."""

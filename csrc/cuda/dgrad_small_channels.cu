@@ -14,7 +14,10 @@
 // group's input channels (at most 4) as accumulators: each thread a column
 // of 8 rows. It stages grad_output tiles of 4 channels at a time with
 // their halo and the matching weights, so every grad_input element is
-// written once. On Hopper one thread starts both copies (a tensor-map box
+// written once. At stride 2 with unit dilation (RGB stems) a phase's taps
+// read consecutive grad_output columns, and where their weights fit in
+// registers a thread takes two columns of 4 rows instead (see
+// accumulate_pairs). On Hopper one thread starts both copies (a tensor-map box
 // for the halo, a bulk copy of the weights, prearranged per phase by a
 // small kernel): staging them with per-thread copies and index arithmetic
 // was a third of the stem's instructions. Elsewhere 16-byte copies where
@@ -102,6 +105,96 @@ __device__ __forceinline__ void accumulate_column(const float* s, const float* w
   }
 }
 
+// Two columns a thread, for phases at stride 2 and unit dilation: the
+// thread's columns j, j + 1 read grad_output columns that overlap in all but
+// one, so a window row is ceil((kCw + 2) / 2) 8-byte loads for every tap
+// of the row and both columns, and the channel's kCh x kCw taps' weights
+// sit in registers for the whole window. Per channel of a stem phase of 4
+// x 4 taps that is 21 window and 16 weight loads for 384 FFMA, where one
+// column a thread (accumulate_column) spends 60 loads on 384 FFMA and
+// leaves a warp's last 16 lanes idle on a 112-column phase's second tile.
+// `s` points at row 0 of the window (tap q = 0, the phase's last kernel
+// row, for the thread's row 0) at the even column at or before the
+// thread's first; kOdd says whether that is one column before. `w` holds
+// the channel's taps, tap (q, b) at w + 4 (b kCh + q). part[2 r + c] is row
+// r, column c.
+constexpr int kPairRows = 4;  // 8 warps of 32 column pairs: a 32 x 64 tile
+static_assert(2 * kPairRows == kRows && sc::kThreads == 8 * 32 && sc::kTileCols == 64,
+              "the pair path covers the one-column path's tile and sums");
+template <int kCh, int kCw, int kCi, int kPitch, int kOdd>
+__device__ __forceinline__ void accumulate_pairs(const float* s, const float* w,
+                                                 float (&part)[2 * kPairRows][kCi]) {
+  constexpr int kLoads = (kOdd + kCw + 2) / 2;  // pairs covering kOdd + kCw + 1 columns
+  float wv[kCh][kCw][4];
+#pragma unroll
+  for (int q = 0; q < kCh; ++q)
+#pragma unroll
+    for (int b = 0; b < kCw; ++b) load_tile(w + 4 * (b * kCh + q), wv[q][b]);
+#pragma unroll
+  for (int i = 0; i < kPairRows + kCh - 1; ++i) {
+    float v[2 * kLoads];
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const float2 t = *reinterpret_cast<const float2*>(s + i * kPitch + 2 * k);
+      v[2 * k] = t.x;
+      v[2 * k + 1] = t.y;
+    }
+#pragma unroll
+    for (int q = 0; q < kCh; ++q) {
+      const int r = i - q;
+      if (r < 0 || r >= kPairRows) continue;
+#pragma unroll
+      for (int b = 0; b < kCw; ++b)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int ci = 0; ci < kCi; ++ci)
+            part[2 * r + c][ci] = fmaf(v[kOdd + c + kCw - 1 - b], wv[q][b][ci], part[2 * r + c][ci]);
+    }
+  }
+}
+
+// The phases' tap counts the pair path is compiled for: at stride 2 and
+// unit dilation a dimension of K taps gives its phases K / 2 or (K + 1) / 2
+// of them; the weights (kCi x taps, each tap a 4-float register tile) and
+// the two levels of sums (2 x 8 x kCi) must stay within 128 registers.
+template <int KH, int KW, int kCi>
+__device__ __forceinline__ bool pair_taps_compiled(int count_h, int count_w) {
+  auto in = [](int k, int count) { return count > 0 && (count == k / 2 || count == (k + 1) / 2); };
+  return KH > 0 && in(KH, count_h) && in(KW, count_w) && kCi * (count_h * count_w + 16) <= 96;
+}
+
+// fn(Int<count_h>{}, Int<count_w>{}, Int<odd>{}) for the counts
+// pair_taps_compiled accepts.
+template <int KH, int KW, int kCi, typename Fn>
+__device__ __forceinline__ void with_pair_taps(int count_h, int count_w, int odd, Fn&& fn) {
+  if constexpr (KH > 0) {
+    auto per_w = [&](auto ch) {
+      constexpr int kCh = decltype(ch)::value;
+      auto per_odd = [&](auto cw) {
+        constexpr int kCw = decltype(cw)::value;
+        if constexpr (kCh > 0 && kCw > 0 && kCi * (kCh * kCw + 16) <= 96) {
+          if (odd) {
+            fn(Int<kCh>{}, Int<kCw>{}, Int<1>{});
+          } else {
+            fn(Int<kCh>{}, Int<kCw>{}, Int<0>{});
+          }
+        }
+      };
+      if (count_w == KW / 2) {
+        per_odd(Int<KW / 2>{});
+      } else if (count_w == (KW + 1) / 2) {
+        per_odd(Int<(KW + 1) / 2>{});
+      }
+    };
+    if (count_h == KH / 2) {
+      per_w(Int<KH / 2>{});
+    } else if (count_h == (KH + 1) / 2) {
+      per_w(Int<(KH + 1) / 2>{});
+    }
+  }
+}
+
 // fn(Int<count>{}) for count in 1 .. kMax.
 template <int kMax, typename Fn>
 __device__ __forceinline__ void with_count(int count, Fn&& fn) {
@@ -147,7 +240,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                                 const float* __restrict__ w,
                                 const float* __restrict__ w_phase, int phase_floats,
                                 float* __restrict__ grad_in, bool vec, bool tma, int halo_rows,
-                                int pitch_arg, int tiles_w, int stages, int stage_floats) {
+                                int pitch_arg, int tiles_w, int stages, int stage_floats,
+                                bool pairs_allowed) {
   // Specialised sizes stage at a fixed pitch (the launch checks it fits).
   constexpr int kPitch = KH_T > 0 ? sc::kDgradPitch : 0;
   const int pitch = static_or<kPitch>(pitch_arg);
@@ -187,14 +281,21 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int cols_needed = sc::kTileCols + (tw.count - 1) * tw.off_step;
   const HaloCols hc = small_channels::halo_cols(j0 + off_w_min, vec);
 
-  const int col = threadIdx.x % sc::kTileCols;
-  const int r0 = (threadIdx.x / sc::kTileCols) * kRows;
-  const int j = j0 + col;
   const bool any_tap = th.count > 0 && tw.count > 0;
   // Window phases (the launch arranged their weights: dilation divides the
   // stride, so th.off_step == 1).
   const bool window = KH_T > 0 && w_phase != nullptr;
   const int taps_phase = th.count * tw.count;
+  // Two columns of kPairRows rows a thread (block-uniform): lane l takes
+  // columns 2l, 2l + 1 and warp w rows 4w .. 4w + 3 of the 32 x 64 tile.
+  // Otherwise a column of kRows rows: 64-thread slots stack the rows.
+  const bool pairs = pairs_allowed && window && sh == 2 && sw == 2 && p.dilation_h == 1 &&
+                     p.dilation_w == 1 && pair_taps_compiled<KH_T, KW_T, kCi>(th.count, tw.count);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int col = pairs ? 2 * lane : threadIdx.x % sc::kTileCols;
+  const int r0 = pairs ? warp * kPairRows : (threadIdx.x / sc::kTileCols) * kRows;
+  const int warp_col0 = pairs ? 0 : col & ~31;  // the warp's first column in the tile
+  const int j = j0 + col;
 
   for (int g = blockIdx.y; g < p.groups; g += gridDim.y) {
     for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
@@ -262,7 +363,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         // 112-row phases fill three and a half 32-row tiles) stage their
         // share and skip the taps, leaving the issue slots to the other
         // block on the SM.
-        if (i0 + r0 >= rows_phase || j0 + (col & ~31) >= cols_phase) continue;  // warp-uniform
+        if (i0 + r0 >= rows_phase || j0 + warp_col0 >= cols_phase) continue;  // warp-uniform
         // Two levels of sums: each chunk's products (at most 4 channels x
         // the phase's taps) into `part`, the chunks' sums into `acc`. One
         // chain over every output channel and tap (784 products for an RGB
@@ -273,7 +374,20 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 #pragma unroll
           for (int ci = 0; ci < kCi; ++ci) part[r][ci] = 0.f;
         if constexpr (KH_T > 0) {
-          if (window) {
+          if (pairs) {
+            // Columns of tap b of the phase's last kernel row: col + lead +
+            // kCw - 1 - b for the thread's first column (off_step == 1).
+            const int odd = hc.lead & 1;
+            with_pair_taps<KH_T, KW_T, kCi>(th.count, tw.count, odd, [&](auto ch, auto cw,
+                                                                         auto odd_tag) {
+              constexpr int kCh = decltype(ch)::value, kCw = decltype(cw)::value;
+              const float* sgo = sgo_b + r0 * kPitch + (hc.lead & ~1) + col;
+              for (int c = 0; c < chunk; ++c) {
+                accumulate_pairs<kCh, kCw, kCi, kPitch, decltype(odd_tag)::value>(
+                    sgo + c * halo_rows * kPitch, sw_b + c * taps_phase * 4, part);
+              }
+            });
+          } else if (window) {
             with_count<KH_T>(th.count, [&](auto count_tag) {
               constexpr int kCount = decltype(count_tag)::value;
               for (int c = 0; c < chunk; ++c) {
@@ -315,7 +429,21 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 #pragma unroll
           for (int ci = 0; ci < kCi; ++ci) acc[r][ci] += part[r][ci];
       }
-      if (j < cols_phase) {
+      if (pairs) {
+#pragma unroll
+        for (int ci = 0; ci < kCi; ++ci) {
+          if (ci >= cin_g) continue;
+          float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + pw;
+#pragma unroll
+          for (int r = 0; r < kPairRows; ++r) {
+            const int i = i0 + r0 + r;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              if (i < rows_phase && j + c < cols_phase) gi[(ph + sh * i) * W + sw * (j + c)] = acc[2 * r + c][ci];
+            }
+          }
+        }
+      } else if (j < cols_phase) {
         const int iw = pw + sw * j;
 #pragma unroll
         for (int ci = 0; ci < kCi; ++ci) {
@@ -382,7 +510,8 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   kernel<<<grid, sc::kThreads, smem, stream>>>(
       go_map, p, grad_out.data_ptr<float>(), w,
       w_phase.defined() ? w_phase.data_ptr<float>() : nullptr, phase_floats, gi, vec, tma,
-      h.rows, h.pitch, static_cast<int>(tiles_w), stages, static_cast<int>(stage_floats));
+      h.rows, h.pitch, static_cast<int>(tiles_w), stages, static_cast<int>(stage_floats),
+      few_channel_dgrad_pairs());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
