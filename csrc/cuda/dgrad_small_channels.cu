@@ -297,167 +297,182 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int warp_col0 = pairs ? 0 : col & ~31;  // the warp's first column in the tile
   const int j = j0 + col;
 
-  for (int g = blockIdx.y; g < p.groups; g += gridDim.y) {
-    for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
-      float acc[kRows][kCi];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int c = 0; c < kCi; ++c) acc[r][c] = 0.f;
-
-      // Copies of chunk co0's halo and weights into buffer b.
-      auto stage = [&](int co0, int b) {
-        const int chunk = min(kChunk, cout_g - co0);
-        // The chunk's arranged weights (window phases): 4 channels' taps.
-        const float* w_chunk =
-            window ? w_phase + (int64_t(g) * sh * sw + ph * sw + pw) * phase_floats +
-                         co0 * taps_phase * 4
-                   : nullptr;
-        const int w_vecs = kChunk * taps_phase;  // 16-byte pieces
-        if (tma) {
-          // The box holds kChunk channels; past the chunk's they are never read.
-          if (threadIdx.x == 0) {
-            mbarrier_arrive_expect_tx(&ring.barrier[b],
-                                      4u * (kChunk * halo_rows * pitch + (window ? 4 * w_vecs : 0)));
-            tma_load_4d(s_go(b), &go_map, hc.first - hc.lead, i0 + off_h_min, g * cout_g + co0, n,
-                        &ring.barrier[b]);
-            if (window) bulk_copy_to_smem(s_w(b), w_chunk, 16u * w_vecs, &ring.barrier[b]);
-          }
-        } else {
-          small_channels::stage_halo(
-              s_go(b), grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo),
-              chunk, Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch,
-              halo_rows * pitch, vec);
-          if (window) {
-            for (int e = threadIdx.x; e < w_vecs; e += sc::kThreads)
-              cp_async_16(s_w(b) + 4 * e, w_chunk + 4 * e);
-          }
-        }
-        cp_async_commit();
-        if (!window) {
-          for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += sc::kThreads) {
-            const int ci = e % 4;
-            const int tap = (e / 4) % (KH * KW);
-            const int co = co0 + e / (4 * KH * KW);
-            s_w(b)[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, tap / KW, tap % KW);
-          }
-        }
-      };
-
-      __syncthreads();  // the previous item is consumed
-      if (any_tap) stage(0, 0);
-      for (int co0 = 0, q = 0; any_tap && co0 < cout_g; co0 += kChunk, ++q) {
-        const int chunk = min(kChunk, cout_g - co0);
-        const int b = stages == 2 ? q & 1 : 0;
-        if (stages == 1 && q > 0) {
-          __syncthreads();  // the previous chunk is consumed
-          stage(co0, 0);
-        }
-        cp_async_wait<0>();
-        if (tma) ring.wait(b);
-        __syncthreads();  // chunk q has landed; every warp is done with the previous one
-        if (stages == 2 && co0 + kChunk < cout_g) stage(co0 + kChunk, b ^ 1);
-        const float* sgo_b = s_go(b);
-        const float* sw_b = s_w(b);
-        // Warps whose rows or columns lie wholly past the phase (a stem's
-        // 112-row phases fill three and a half 32-row tiles) stage their
-        // share and skip the taps, leaving the issue slots to the other
-        // block on the SM.
-        if (i0 + r0 >= rows_phase || j0 + warp_col0 >= cols_phase) continue;  // warp-uniform
-        // Two levels of sums: each chunk's products (at most 4 channels x
-        // the phase's taps) into `part`, the chunks' sums into `acc`. One
-        // chain over every output channel and tap (784 products for an RGB
-        // stem) had 3x cuDNN's relative error (5.1e-7 against 1.6e-7).
-        float part[kRows][kCi];
+  // Every item (group, image) of the block: chunks of kChunk grad_output
+  // channels staged in turn, each chunk's products summed by
+  // `products(sgo_b, sw_b, chunk, part)`. Called once per block with the
+  // phase's variant, so that a chunk's code holds no dispatch.
+  auto items = [&](auto&& products) {
+    for (int g = blockIdx.y; g < p.groups; g += gridDim.y) {
+      for (int n = blockIdx.z; n < p.batch; n += gridDim.z) {
+        float acc[kRows][kCi];
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
 #pragma unroll
-          for (int ci = 0; ci < kCi; ++ci) part[r][ci] = 0.f;
-        if constexpr (KH_T > 0) {
-          if (pairs) {
-            // Columns of tap b of the phase's last kernel row: col + lead +
-            // kCw - 1 - b for the thread's first column (off_step == 1).
-            const int odd = hc.lead & 1;
-            with_pair_taps<KH_T, KW_T, kCi>(th.count, tw.count, odd, [&](auto ch, auto cw,
-                                                                         auto odd_tag) {
-              constexpr int kCh = decltype(ch)::value, kCw = decltype(cw)::value;
-              const float* sgo = sgo_b + r0 * kPitch + (hc.lead & ~1) + col;
-              for (int c = 0; c < chunk; ++c) {
-                accumulate_pairs<kCh, kCw, kCi, kPitch, decltype(odd_tag)::value>(
-                    sgo + c * halo_rows * kPitch, sw_b + c * taps_phase * 4, part);
-              }
-            });
-          } else if (window) {
-            with_count<KH_T>(th.count, [&](auto count_tag) {
-              constexpr int kCount = decltype(count_tag)::value;
-              for (int c = 0; c < chunk; ++c) {
-                // Tap q = 0 is the phase's last kernel row; its window starts at row r0.
-                const float* sgo = sgo_b + c * halo_rows * kPitch + hc.lead + r0 * kPitch + col +
-                                   (tw.off_first - off_w_min);
-                const float* swc = sw_b + c * taps_phase * 4;
-                for (int b = 0; b < tw.count; ++b)
-                  accumulate_column<kCount, kCi, kPitch>(sgo - b * tw.off_step,
-                                                         swc + b * kCount * 4, part);
-              }
-            });
+          for (int c = 0; c < kCi; ++c) acc[r][c] = 0.f;
+
+        // Copies of chunk co0's halo and weights into buffer b.
+        auto stage = [&](int co0, int b) {
+          const int chunk = min(kChunk, cout_g - co0);
+          // The chunk's arranged weights (window phases): 4 channels' taps.
+          const float* w_chunk =
+              window ? w_phase + (int64_t(g) * sh * sw + ph * sw + pw) * phase_floats +
+                           co0 * taps_phase * 4
+                     : nullptr;
+          const int w_vecs = kChunk * taps_phase;  // 16-byte pieces
+          if (tma) {
+            // The box holds kChunk channels; past the chunk's they are never read.
+            if (threadIdx.x == 0) {
+              mbarrier_arrive_expect_tx(
+                  &ring.barrier[b], 4u * (kChunk * halo_rows * pitch + (window ? 4 * w_vecs : 0)));
+              tma_load_4d(s_go(b), &go_map, hc.first - hc.lead, i0 + off_h_min,
+                          g * cout_g + co0, n, &ring.barrier[b]);
+              if (window) bulk_copy_to_smem(s_w(b), w_chunk, 16u * w_vecs, &ring.barrier[b]);
+            }
+          } else {
+            small_channels::stage_halo(
+                s_go(b), grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo),
+                chunk, Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch,
+                halo_rows * pitch, vec);
+            if (window) {
+              for (int e = threadIdx.x; e < w_vecs; e += sc::kThreads)
+                cp_async_16(s_w(b) + 4 * e, w_chunk + 4 * e);
+            }
           }
+          cp_async_commit();
+          if (!window) {
+            for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += sc::kThreads) {
+              const int ci = e % 4;
+              const int tap = (e / 4) % (KH * KW);
+              const int co = co0 + e / (4 * KH * KW);
+              s_w(b)[e] = weight_or_zero(p, w, WeightOrder::kFprop, g, co, ci, tap / KW, tap % KW);
+            }
+          }
+        };
+
+        __syncthreads();  // the previous item is consumed
+        if (any_tap) stage(0, 0);
+        for (int co0 = 0, q = 0; any_tap && co0 < cout_g; co0 += kChunk, ++q) {
+          const int chunk = min(kChunk, cout_g - co0);
+          const int b = stages == 2 ? q & 1 : 0;
+          if (stages == 1 && q > 0) {
+            __syncthreads();  // the previous chunk is consumed
+            stage(co0, 0);
+          }
+          cp_async_wait<0>();
+          if (tma) ring.wait(b);
+          __syncthreads();  // chunk q has landed; every warp is done with the previous one
+          if (stages == 2 && co0 + kChunk < cout_g) stage(co0 + kChunk, b ^ 1);
+          // Warps whose rows or columns lie wholly past the phase (a stem's
+          // 112-row phases fill three and a half 32-row tiles) stage their
+          // share and skip the taps, leaving the issue slots to the other
+          // block on the SM.
+          if (i0 + r0 >= rows_phase || j0 + warp_col0 >= cols_phase) continue;  // warp-uniform
+          // Two levels of sums: each chunk's products (at most 4 channels x
+          // the phase's taps) into `part`, the chunks' sums into `acc`. One
+          // chain over every output channel and tap (784 products for an RGB
+          // stem) had 3x cuDNN's relative error (5.1e-7 against 1.6e-7).
+          float part[kRows][kCi];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int ci = 0; ci < kCi; ++ci) part[r][ci] = 0.f;
+          products(s_go(b), s_w(b), chunk, part);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int ci = 0; ci < kCi; ++ci) acc[r][ci] += part[r][ci];
         }
-        for (int c = 0; !window && c < chunk; ++c) {
-          const float* sgo = sgo_b + c * halo_rows * pitch + hc.lead;
-          const float* swc = sw_b + c * KH * KW * 4;
-          for (int a = 0; a < th.count; ++a) {
-            const int kh = th.first + a * th.step;
-            // Row of tap kh for tile row 0: i0 + off(kh) - (i0 + off_h_min).
-            const int row = th.off_first - a * th.off_step - off_h_min + r0;
-            for (int b = 0; b < tw.count; ++b) {
-              const int kw = tw.first + b * tw.step;
-              const int cc = tw.off_first - b * tw.off_step - off_w_min + col;
-              float wv[4];
-              load_tile(swc + (kh * KW + kw) * 4, wv);
-              const float* s = sgo + row * pitch + cc;
+        if (pairs) {
 #pragma unroll
-              for (int r = 0; r < kRows; ++r) {
-                const float v = s[r * pitch];
+          for (int ci = 0; ci < kCi; ++ci) {
+            if (ci >= cin_g) continue;
+            float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + pw;
 #pragma unroll
-                for (int ci = 0; ci < kCi; ++ci) part[r][ci] = fmaf(v, wv[ci], part[r][ci]);
+            for (int r = 0; r < kPairRows; ++r) {
+              const int i = i0 + r0 + r;
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                if (i < rows_phase && j + c < cols_phase)
+                  gi[(ph + sh * i) * W + sw * (j + c)] = acc[2 * r + c][ci];
               }
             }
           }
-        }
+        } else if (j < cols_phase) {
+          const int iw = pw + sw * j;
 #pragma unroll
-        for (int r = 0; r < kRows; ++r)
+          for (int ci = 0; ci < kCi; ++ci) {
+            if (ci >= cin_g) continue;
+            float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + iw;
 #pragma unroll
-          for (int ci = 0; ci < kCi; ++ci) acc[r][ci] += part[r][ci];
-      }
-      if (pairs) {
-#pragma unroll
-        for (int ci = 0; ci < kCi; ++ci) {
-          if (ci >= cin_g) continue;
-          float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + pw;
-#pragma unroll
-          for (int r = 0; r < kPairRows; ++r) {
-            const int i = i0 + r0 + r;
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              if (i < rows_phase && j + c < cols_phase) gi[(ph + sh * i) * W + sw * (j + c)] = acc[2 * r + c][ci];
+            for (int r = 0; r < kRows; ++r) {
+              const int i = i0 + r0 + r;
+              if (i < rows_phase) gi[(ph + sh * i) * W] = acc[r][ci];
             }
-          }
-        }
-      } else if (j < cols_phase) {
-        const int iw = pw + sw * j;
-#pragma unroll
-        for (int ci = 0; ci < kCi; ++ci) {
-          if (ci >= cin_g) continue;
-          float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + iw;
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            const int i = i0 + r0 + r;
-            if (i < rows_phase) gi[(ph + sh * i) * W] = acc[r][ci];
           }
         }
       }
     }
+  };
+
+  if constexpr (KH_T > 0) {
+    if (pairs) {
+      // Columns of tap b of the phase's last kernel row: col + lead + kCw -
+      // 1 - b for the thread's first column (off_step == 1).
+      with_pair_taps<KH_T, KW_T, kCi>(th.count, tw.count, hc.lead & 1, [&](auto ch, auto cw,
+                                                                            auto odd) {
+        constexpr int kCh = decltype(ch)::value, kCw = decltype(cw)::value;
+        items([&](const float* sgo_b, const float* sw_b, int chunk, float (&part)[kRows][kCi]) {
+          const float* sgo = sgo_b + r0 * kPitch + (hc.lead & ~1) + col;
+          for (int c = 0; c < chunk; ++c) {
+            accumulate_pairs<kCh, kCw, kCi, kPitch, decltype(odd)::value>(
+                sgo + c * halo_rows * kPitch, sw_b + c * taps_phase * 4, part);
+          }
+        });
+      });
+      return;
+    }
+    if (window) {
+      items([&](const float* sgo_b, const float* sw_b, int chunk, float (&part)[kRows][kCi]) {
+        with_count<KH_T>(th.count, [&](auto count_tag) {
+          constexpr int kCount = decltype(count_tag)::value;
+          for (int c = 0; c < chunk; ++c) {
+            // Tap q = 0 is the phase's last kernel row; its window starts at row r0.
+            const float* sgo = sgo_b + c * halo_rows * kPitch + hc.lead + r0 * kPitch + col +
+                               (tw.off_first - off_w_min);
+            const float* swc = sw_b + c * taps_phase * 4;
+            for (int b = 0; b < tw.count; ++b)
+              accumulate_column<kCount, kCi, kPitch>(sgo - b * tw.off_step, swc + b * kCount * 4,
+                                                     part);
+          }
+        });
+      });
+      return;
+    }
   }
+  items([&](const float* sgo_b, const float* sw_b, int chunk, float (&part)[kRows][kCi]) {
+    for (int c = 0; c < chunk; ++c) {
+      const float* sgo = sgo_b + c * halo_rows * pitch + hc.lead;
+      const float* swc = sw_b + c * KH * KW * 4;
+      for (int a = 0; a < th.count; ++a) {
+        const int kh = th.first + a * th.step;
+        // Row of tap kh for tile row 0: i0 + off(kh) - (i0 + off_h_min).
+        const int row = th.off_first - a * th.off_step - off_h_min + r0;
+        for (int b = 0; b < tw.count; ++b) {
+          const int kw = tw.first + b * tw.step;
+          const int cc = tw.off_first - b * tw.off_step - off_w_min + col;
+          float wv[4];
+          load_tile(swc + (kh * KW + kw) * 4, wv);
+          const float* s = sgo + row * pitch + cc;
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const float v = s[r * pitch];
+#pragma unroll
+            for (int ci = 0; ci < kCi; ++ci) part[r][ci] = fmaf(v, wv[ci], part[r][ci]);
+          }
+        }
+      }
+    }
+  });
 }
 
 template <int KH, int KW, int kCi>

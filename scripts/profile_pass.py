@@ -1,0 +1,37 @@
+"""Runs one pass of a benchmark shape twice, for a profiler to capture.
+
+    ncu -k regex:dgrad python scripts/profile_pass.py stem_7x7 ieee backward_input \
+        [--switch few_channel_dgrad_pairs=0]
+
+The pass is one of conv2d_ext.benchmark.PASSES; --switch sets one of the
+op's test-only `_set_*` settings first (scripts/ab_switch.py lists them).
+"""
+import argparse
+
+import torch
+
+import conv2d_ext
+from conv2d_ext.benchmark import PASSES, SUITE, _make_inputs
+
+parser = argparse.ArgumentParser()
+parser.add_argument("shape", choices=list(SUITE))
+parser.add_argument("precision", choices=["tf32", "ieee"])
+parser.add_argument("pass_", choices=[p for p in PASSES if p != "step"])
+parser.add_argument("--switch", action="append", default=[], metavar="NAME=0|1")
+args = parser.parse_args()
+for item in args.switch:
+    name, _, value = item.partition("=")
+    getattr(torch.ops.conv2d_ext, f"_set_{name}")(value == "1")
+
+shape = SUITE[args.shape]
+torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
+x, w, gy = _make_inputs(shape, "cuda")
+geometry = (shape.stride, shape.padding, shape.dilation, shape.groups)
+for _ in range(2):
+    if args.pass_ == "forward":
+        conv2d_ext.conv2d(x, w, None, *geometry)
+    else:
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = conv2d_ext.conv2d(xg, wg, None, *geometry)
+        torch.autograd.grad(y, xg if args.pass_ == "backward_input" else wg, gy)
+torch.cuda.synchronize()
