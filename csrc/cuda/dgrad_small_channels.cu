@@ -154,14 +154,21 @@ __device__ __forceinline__ void accumulate_pairs(const float* s, const float* w,
   }
 }
 
-// The phases' tap counts the pair path is compiled for: at stride 2 and
-// unit dilation a dimension of K taps gives its phases K / 2 or (K + 1) / 2
-// of them; the weights (kCi x taps, each tap a 4-float register tile) and
-// the two levels of sums (2 x 8 x kCi) must stay within 128 registers.
+// The phases the pair path is compiled for. At stride 2 and unit dilation
+// a dimension of K taps gives its phases K / 2 or (K + 1) / 2 of them. The
+// weights (kCi x taps) and the two levels of sums (2 x 8 x kCi) must stay
+// within 128 registers. Layers of 2 to 4 input channels per group only:
+// each variant compiles the whole chunk loop again, and depthwise layers
+// (one input channel) were not measured to gain.
+template <int KH, int KW, int kCi>
+__host__ __device__ constexpr bool pair_variant(int count_h, int count_w) {
+  return KH > 0 && kCi >= 2 && count_h > 0 && count_w > 0 &&
+         kCi * (count_h * count_w + 16) <= 96;
+}
 template <int KH, int KW, int kCi>
 __device__ __forceinline__ bool pair_taps_compiled(int count_h, int count_w) {
-  auto in = [](int k, int count) { return count > 0 && (count == k / 2 || count == (k + 1) / 2); };
-  return KH > 0 && in(KH, count_h) && in(KW, count_w) && kCi * (count_h * count_w + 16) <= 96;
+  auto in = [](int k, int count) { return count == k / 2 || count == (k + 1) / 2; };
+  return in(KH, count_h) && in(KW, count_w) && pair_variant<KH, KW, kCi>(count_h, count_w);
 }
 
 // fn(Int<count_h>{}, Int<count_w>{}, Int<odd>{}) for the counts
@@ -173,7 +180,7 @@ __device__ __forceinline__ void with_pair_taps(int count_h, int count_w, int odd
       constexpr int kCh = decltype(ch)::value;
       auto per_odd = [&](auto cw) {
         constexpr int kCw = decltype(cw)::value;
-        if constexpr (kCh > 0 && kCw > 0 && kCi * (kCh * kCw + 16) <= 96) {
+        if constexpr (pair_variant<KH, KW, kCi>(kCh, kCw)) {
           if (odd) {
             fn(Int<kCh>{}, Int<kCw>{}, Int<1>{});
           } else {
