@@ -125,32 +125,33 @@ template <int kCh, int kCw, int kCi, int kPitch, int kOdd>
 __device__ __forceinline__ void accumulate_pairs(const float* s, const float* w,
                                                  float (&part)[2 * kPairRows][kCi]) {
   constexpr int kLoads = (kOdd + kCw + 2) / 2;  // pairs covering kOdd + kCw + 1 columns
-  float wv[kCh][kCw][4];
+  constexpr int kWinRows = kPairRows + kCh - 1;
+  // The whole window first (its loads in flight together), then tap by
+  // tap, the next tap's weights loaded before this tap's products: with
+  // the weights loaded where they are used, each tap waited for its load.
+  float v[kWinRows][2 * kLoads];
 #pragma unroll
-  for (int q = 0; q < kCh; ++q)
-#pragma unroll
-    for (int b = 0; b < kCw; ++b) load_tile(w + 4 * (b * kCh + q), wv[q][b]);
-#pragma unroll
-  for (int i = 0; i < kPairRows + kCh - 1; ++i) {
-    float v[2 * kLoads];
+  for (int i = 0; i < kWinRows; ++i)
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       const float2 t = *reinterpret_cast<const float2*>(s + i * kPitch + 2 * k);
-      v[2 * k] = t.x;
-      v[2 * k + 1] = t.y;
+      v[i][2 * k] = t.x;
+      v[i][2 * k + 1] = t.y;
     }
+  float wv[2][4];
+  load_tile(w, wv[0]);
 #pragma unroll
-    for (int q = 0; q < kCh; ++q) {
-      const int r = i - q;
-      if (r < 0 || r >= kPairRows) continue;
+  for (int t = 0; t < kCh * kCw; ++t) {
+    const int b = t / kCh, q = t % kCh;  // the arranged order: tap (q, b) at w + 4 (b kCh + q)
+    if (t + 1 < kCh * kCw) load_tile(w + 4 * (t + 1), wv[(t + 1) & 1]);
 #pragma unroll
-      for (int b = 0; b < kCw; ++b)
+    for (int r = 0; r < kPairRows; ++r)
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
+      for (int c = 0; c < 2; ++c)
 #pragma unroll
-          for (int ci = 0; ci < kCi; ++ci)
-            part[2 * r + c][ci] = fmaf(v[kOdd + c + kCw - 1 - b], wv[q][b][ci], part[2 * r + c][ci]);
-    }
+        for (int ci = 0; ci < kCi; ++ci)
+          part[2 * r + c][ci] =
+              fmaf(v[r + q][kOdd + c + kCw - 1 - b], wv[t & 1][ci], part[2 * r + c][ci]);
   }
 }
 
