@@ -293,15 +293,26 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   // stride, so th.off_step == 1).
   const bool window = KH_T > 0 && w_phase != nullptr;
   const int taps_phase = th.count * tw.count;
-  // Two columns of kPairRows rows a thread (block-uniform): lane l takes
-  // columns 2l, 2l + 1 and warp w rows 4w .. 4w + 3 of the 32 x 64 tile.
-  // Otherwise a column of kRows rows: 64-thread slots stack the rows.
+  // Two columns of kPairRows rows a thread (block-uniform): the tile's
+  // column pairs inside the phase (`tile_pairs`, 32 but at the right edge)
+  // times its 8 row groups, in that order over the threads, so that a
+  // partial tile idles whole warps rather than lanes (a stem's 112-column
+  // phase ends in a tile of 24 pairs: 6 busy warps, not 8 three-quarters
+  // busy). Threads past the 8 row groups compute row group 0 again and
+  // store nothing. Otherwise a column of kRows rows: 64-thread slots stack
+  // the rows.
   const bool pairs = pairs_allowed && window && sh == 2 && sw == 2 && p.dilation_h == 1 &&
                      p.dilation_w == 1 && pair_taps_compiled<KH_T, KW_T, kCi>(th.count, tw.count);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int col = pairs ? 2 * lane : threadIdx.x % sc::kTileCols;
-  const int r0 = pairs ? warp * kPairRows : (threadIdx.x / sc::kTileCols) * kRows;
-  const int warp_col0 = pairs ? 0 : col & ~31;  // the warp's first column in the tile
+  const int tile_pairs = min(32, max(1, (cols_phase - j0 + 1) / 2));
+  const int group = threadIdx.x / tile_pairs;  // the thread's row group (pairs)
+  const bool live = !pairs || group < sc::kThreads / 32;
+  const int col = pairs ? (live ? 2 * (threadIdx.x - group * tile_pairs) : 0)
+                        : threadIdx.x % sc::kTileCols;
+  const int r0 = pairs ? (live ? group : 0) * kPairRows : (threadIdx.x / sc::kTileCols) * kRows;
+  // The first row of the warp's first thread, and its first column: a warp
+  // wholly past the phase (or past the row groups) skips the taps.
+  const int warp_r0 = pairs ? (threadIdx.x & ~31) / tile_pairs * kPairRows : r0;
+  const int warp_col0 = pairs ? 0 : col & ~31;
   const int j = j0 + col;
 
   // Every item (group, image) of the block: chunks of kChunk grad_output
@@ -373,7 +384,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
           // 112-row phases fill three and a half 32-row tiles) stage their
           // share and skip the taps, leaving the issue slots to the other
           // block on the SM.
-          if (i0 + r0 >= rows_phase || j0 + warp_col0 >= cols_phase) continue;  // warp-uniform
+          if (i0 + warp_r0 >= rows_phase || warp_r0 >= kTileRows || j0 + warp_col0 >= cols_phase)
+            continue;  // warp-uniform
           // Two levels of sums: each chunk's products (at most 4 channels x
           // the phase's taps) into `part`, the chunks' sums into `acc`. One
           // chain over every output channel and tap (784 products for an RGB
@@ -399,7 +411,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
               const int i = i0 + r0 + r;
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
-                if (i < rows_phase && j + c < cols_phase)
+                if (live && i < rows_phase && j + c < cols_phase)
                   gi[(ph + sh * i) * W + sw * (j + c)] = acc[2 * r + c][ci];
               }
             }
