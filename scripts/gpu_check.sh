@@ -8,9 +8,12 @@
 # SKIP_BUILD=1, SKIP_TESTS=1 or SKIP_BENCH=1 leave a stage out; PYTEST_ARGS
 # narrows the tests. CXX and CC pick the host compiler: some toolchains link
 # libstdc++ into the module statically, which the check after the build
-# refuses, so name the system compiler there (CXX=g++ CC=gcc from the
-# distribution's path).
+# refuses, so where CXX is unset the distribution's g++ and gcc in /usr/bin
+# are used if they exist (a toolchain first on PATH was seen doing that).
 set -uo pipefail
+if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
+  export CXX=/usr/bin/g++ CC=/usr/bin/gcc
+fi
 out=${1:?usage: scripts/gpu_check.sh OUTDIR [benchmark arguments...]}
 shift
 mkdir -p "$out"

@@ -160,7 +160,7 @@ __device__ __forceinline__ void accumulate_pairs(const float* s, const float* w,
 // within 128 registers. Layers of 2 to 4 input channels per group only:
 // each variant compiles the whole chunk loop again, and depthwise layers
 // (one input channel) were not measured to gain.
-template <int KH, int KW, int kCi>
+template <int KH, int kCi>
 __host__ __device__ constexpr bool pair_variant(int count_h, int count_w) {
   return KH > 0 && kCi >= 2 && count_h > 0 && count_w > 0 &&
          kCi * (count_h * count_w + 16) <= 96;
@@ -168,7 +168,7 @@ __host__ __device__ constexpr bool pair_variant(int count_h, int count_w) {
 template <int KH, int KW, int kCi>
 __device__ __forceinline__ bool pair_taps_compiled(int count_h, int count_w) {
   auto in = [](int k, int count) { return count == k / 2 || count == (k + 1) / 2; };
-  return in(KH, count_h) && in(KW, count_w) && pair_variant<KH, KW, kCi>(count_h, count_w);
+  return in(KH, count_h) && in(KW, count_w) && pair_variant<KH, kCi>(count_h, count_w);
 }
 
 // fn(Int<count_h>{}, Int<count_w>{}, Int<odd>{}) for the counts
@@ -180,7 +180,7 @@ __device__ __forceinline__ void with_pair_taps(int count_h, int count_w, int odd
       constexpr int kCh = decltype(ch)::value;
       auto per_odd = [&](auto cw) {
         constexpr int kCw = decltype(cw)::value;
-        if constexpr (pair_variant<KH, KW, kCi>(kCh, kCw)) {
+        if constexpr (pair_variant<KH, kCi>(kCh, kCw)) {
           if (odd) {
             fn(Int<kCh>{}, Int<kCw>{}, Int<1>{});
           } else {
