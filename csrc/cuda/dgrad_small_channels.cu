@@ -165,14 +165,10 @@ __host__ __device__ constexpr bool pair_variant(int count_h, int count_w) {
   return KH > 0 && kCi >= 2 && count_h > 0 && count_w > 0 &&
          kCi * (count_h * count_w + 16) <= 96;
 }
-template <int KH, int KW, int kCi>
-__device__ __forceinline__ bool pair_taps_compiled(int count_h, int count_w) {
-  auto in = [](int k, int count) { return count == k / 2 || count == (k + 1) / 2; };
-  return in(KH, count_h) && in(KW, count_w) && pair_variant<KH, kCi>(count_h, count_w);
-}
 
-// fn(Int<count_h>{}, Int<count_w>{}, Int<odd>{}) for the counts
-// pair_taps_compiled accepts.
+// fn(Int<count_h>{}, Int<count_w>{}, Int<odd>{}) for the phases the pair
+// path is compiled for (K / 2 or (K + 1) / 2 taps a dimension, where
+// pair_variant holds); nothing for the others.
 template <int KH, int KW, int kCi, typename Fn>
 __device__ __forceinline__ void with_pair_taps(int count_h, int count_w, int odd, Fn&& fn) {
   if constexpr (KH > 0) {
@@ -301,8 +297,9 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   // busy). Threads past the 8 row groups compute row group 0 again and
   // store nothing. Otherwise a column of kRows rows: 64-thread slots stack
   // the rows.
-  const bool pairs = pairs_allowed && window && sh == 2 && sw == 2 && p.dilation_h == 1 &&
-                     p.dilation_w == 1 && pair_taps_compiled<KH_T, KW_T, kCi>(th.count, tw.count);
+  bool pairs = false;
+  if (pairs_allowed && window && sh == 2 && sw == 2 && p.dilation_h == 1 && p.dilation_w == 1)
+    with_pair_taps<KH_T, KW_T, kCi>(th.count, tw.count, 0, [&](auto, auto, auto) { pairs = true; });
   const int tile_pairs = min(32, max(1, (cols_phase - j0 + 1) / 2));
   const int group = threadIdx.x / tile_pairs;  // the thread's row group (pairs)
   const bool live = !pairs || group < sc::kThreads / 32;
@@ -401,32 +398,16 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 #pragma unroll
             for (int ci = 0; ci < kCi; ++ci) acc[r][ci] += part[r][ci];
         }
-        if (pairs) {
+        // Sum e of a thread: row r0 + e of its column, or with pairs row r0
+        // + e / 2 of column col + e % 2.
 #pragma unroll
-          for (int ci = 0; ci < kCi; ++ci) {
-            if (ci >= cin_g) continue;
-            float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + pw;
+        for (int ci = 0; ci < kCi; ++ci) {
+          if (ci >= cin_g || !live) continue;
+          float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + pw;
 #pragma unroll
-            for (int r = 0; r < kPairRows; ++r) {
-              const int i = i0 + r0 + r;
-#pragma unroll
-              for (int c = 0; c < 2; ++c) {
-                if (live && i < rows_phase && j + c < cols_phase)
-                  gi[(ph + sh * i) * W + sw * (j + c)] = acc[2 * r + c][ci];
-              }
-            }
-          }
-        } else if (j < cols_phase) {
-          const int iw = pw + sw * j;
-#pragma unroll
-          for (int ci = 0; ci < kCi; ++ci) {
-            if (ci >= cin_g) continue;
-            float* gi = grad_in + plane_offset(n, p.in_channels, g * cin_g + ci, H * W) + iw;
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-              const int i = i0 + r0 + r;
-              if (i < rows_phase) gi[(ph + sh * i) * W] = acc[r][ci];
-            }
+          for (int e = 0; e < kRows; ++e) {
+            const int i = i0 + r0 + (pairs ? e / 2 : e), jj = j + (pairs ? e % 2 : 0);
+            if (i < rows_phase && jj < cols_phase) gi[(ph + sh * i) * W + sw * jj] = acc[e][ci];
           }
         }
       }
