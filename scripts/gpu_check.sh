@@ -6,12 +6,15 @@
 #   scripts/gpu_check.sh OUTDIR [benchmark arguments...]
 #
 # SKIP_BUILD=1, SKIP_TESTS=1 or SKIP_BENCH=1 leave a stage out; PYTEST_ARGS
-# narrows the tests. CXX and CC pick the host compiler: some toolchains link
-# libstdc++ into the module statically, which the check after the build
-# refuses, so where CXX is unset the distribution's g++ and gcc in /usr/bin
-# are used if they exist (a toolchain first on PATH was seen doing that).
+# narrows the tests. The host compiler: some toolchains link libstdc++
+# into the module statically, which the check after the build refuses, and
+# a preset CXX was seen to be such a one, so the build uses
+# the distribution's /usr/bin/g++ and gcc where they exist;
+# GPU_CHECK_CXX and GPU_CHECK_CC name others.
 set -uo pipefail
-if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
+if [ -n "${GPU_CHECK_CXX:-}" ]; then
+  export CXX=$GPU_CHECK_CXX CC=${GPU_CHECK_CC:-${CC:-cc}}
+elif [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
   export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 fi
 out=${1:?usage: scripts/gpu_check.sh OUTDIR [benchmark arguments...]}
