@@ -50,6 +50,10 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // can (the default) or one (see plan.h).
   m.def("_set_few_channel_dgrad_pairs(bool enable) -> bool",
         &conv2d_ext::set_few_channel_dgrad_pairs);
+  // Whether the few-channel FFMA dgrad starts its heaviest blocks first (the
+  // default) or keeps the grid's order (see plan.h).
+  m.def("_set_few_channel_dgrad_order(bool enable) -> bool",
+        &conv2d_ext::set_few_channel_dgrad_order);
   // The algorithm a pass ('forward', 'backward_input', 'backward_weight')
   // of a convolution of these forward arguments would run now, e.g. for
   // tests to check which kernels they cover.

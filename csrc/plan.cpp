@@ -21,6 +21,7 @@ std::atomic<bool> g_short_wgrad_direct{true};
 std::atomic<bool> g_few_channel_wgrad_wgmma{true};
 std::atomic<bool> g_few_channel_dgrad_tc{true};
 std::atomic<bool> g_few_channel_dgrad_pairs{true};
+std::atomic<bool> g_few_channel_dgrad_order{true};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
@@ -50,6 +51,12 @@ bool set_few_channel_dgrad_pairs(bool enable) {
 }
 
 bool few_channel_dgrad_pairs() { return g_few_channel_dgrad_pairs.load(std::memory_order_relaxed); }
+
+bool set_few_channel_dgrad_order(bool enable) {
+  return g_few_channel_dgrad_order.exchange(enable);
+}
+
+bool few_channel_dgrad_order() { return g_few_channel_dgrad_order.load(std::memory_order_relaxed); }
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws

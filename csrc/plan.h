@@ -91,6 +91,13 @@ bool set_few_channel_dgrad_tc(bool enable);
 bool set_few_channel_dgrad_pairs(bool enable);
 bool few_channel_dgrad_pairs();
 
+// Whether the FFMA gather starts its blocks heaviest (phase, tile) first
+// within groups of about a wave (the default) or in the grid's order (off:
+// for A/B runs and for tests that both orders give the same bits). Returns
+// the previous setting.
+bool set_few_channel_dgrad_order(bool enable);
+bool few_channel_dgrad_order();
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 

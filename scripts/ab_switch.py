@@ -10,7 +10,7 @@ rounds, so both sides share the machine, its clocks and its build. Prints
 the conv2d_ext times of every round side by side, with PyTorch's and both
 errors. A switch is one of the ops' test-only `_set_*` settings
 (hopper_kernels, flat_kernels, short_wgrad_direct, few_channel_wgrad_wgmma,
-few_channel_dgrad_tc, few_channel_dgrad_pairs).
+few_channel_dgrad_tc, few_channel_dgrad_pairs, few_channel_dgrad_order).
 """
 import argparse
 import statistics
@@ -22,7 +22,7 @@ import conv2d_ext  # noqa: F401  (registers the ops)
 from conv2d_ext import benchmark
 
 SWITCHES = ("hopper_kernels", "flat_kernels", "short_wgrad_direct", "few_channel_wgrad_wgmma",
-            "few_channel_dgrad_tc", "few_channel_dgrad_pairs")
+            "few_channel_dgrad_tc", "few_channel_dgrad_pairs", "few_channel_dgrad_order")
 
 
 def main(argv=None):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, cuda_only, few_channel_dgrad_pairs, few_channel_dgrad_tc,
-                   few_channel_wgrad_wgmma,
+from utils import (DEVICES, cuda_only, few_channel_dgrad_order, few_channel_dgrad_pairs,
+                   few_channel_dgrad_tc, few_channel_wgrad_wgmma,
                    hopper_kernels, is_hopper_build, precision_of, reduction_lengths, reference,
                    rel_err, tf32_mode, tolerance)
 
@@ -256,6 +256,35 @@ def test_strided_dgrad_one_column_a_thread(case, precision):
             outs.append(torch.autograd.grad(
                 conv2d_ext.conv2d(xg, wt, None, stride, padding, dilation, groups), xg, gy)[0])
     assert torch.equal(outs[0], outs[1]), "two columns a thread and one differ"
+
+
+@cuda_only
+def test_strided_dgrad_block_order(precision):
+    """The gather starts its blocks heaviest (phase, tile) first, in groups
+    of items (channel group, image) of about a wave. Here 22 items of 32
+    blocks (4 phases of 125 x 125 pixels, 4 x 2 tiles each), 2.7 waves of
+    an H100's 132 SMs: groups of 8, 8 and 6 items, which interleave
+    channel groups and images. Against float64 in both orders (the switch),
+    which give the same bits: a block computes its tile the same whenever
+    it starts."""
+    n, cin, cout, groups, k = 11, 6, 16, 2, (7, 7)
+    geometry = ([2, 2], [3, 3], [1, 1], groups)
+    x = torch.randn(n, cin, 250, 250, device="cuda")
+    wt = torch.randn(cout, cin // groups, *k, device="cuda")
+    gy = torch.randn(n, cout, 125, 125, device="cuda")
+    ref = torch.nn.grad.conv2d_input(x.shape, wt.double(), gy.double(), 2, 3, 1, groups)
+    k_dgrad = (cout // groups) * k[0] * k[1]
+    bound = tolerance(torch.float32, "ieee", k_dgrad)  # FFMA in both modes
+    outs = []
+    with few_channel_dgrad_tc(False):
+        assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
+        for ordered in (True, False):
+            with few_channel_dgrad_order(ordered):
+                gi = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
+            err = rel_err(gi, ref, reduction_len=k_dgrad)
+            assert err < bound, f"ordered={ordered}: relative error {err:.3g} > {bound:.3g}"
+            outs.append(gi)
+    assert torch.equal(outs[0], outs[1]), "the two block orders give different bits"
 
 
 @pytest.mark.parametrize("case", FLOAT64_CASES, ids=[f"f64case{i}" for i in range(len(FLOAT64_CASES))])

@@ -130,6 +130,12 @@ def few_channel_dgrad_pairs(enabled):
     return op_switch("few_channel_dgrad_pairs", enabled)
 
 
+def few_channel_dgrad_order(enabled):
+    """The few-channel FFMA dgrad's blocks heaviest first (on, the default) or
+    in the grid's order (off) for the duration."""
+    return op_switch("few_channel_dgrad_order", enabled)
+
+
 def few_channel_wgrad_wgmma(enabled):
     """The few-channel tensor-core wgrad's 3xTF32 stage on Hopper: wgmma (on,
     the default) or mma.sync (off, as other GPUs run it) for the duration."""
