@@ -512,22 +512,29 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
 // first (ties in the grid's order), groups of items filling a wave.
 BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, dim3 grid) {
   BlockOrder order{};
-  const int64_t pairs = tiles * p.stride_h * p.stride_w;
+  const int64_t phases = p.stride_h * p.stride_w, pairs = tiles * phases;
   if (!few_channel_dgrad_order() || pairs > kMaxOrdered) return order;
   int64_t work[kMaxOrdered];
-  for (int64_t e = 0; e < pairs; ++e) {
-    const int64_t phase = e / tiles, tile = e % tiles;
+  for (int64_t phase = 0; phase < phases; ++phase) {
     const int ph = static_cast<int>(phase / p.stride_w), pw = static_cast<int>(phase % p.stride_w);
-    const int64_t rows = std::clamp<int64_t>(
-        ceil_div(p.in_h - ph, p.stride_h) - tile / tiles_w * kTileRows, 0, kTileRows);
-    const int64_t cols = std::clamp<int64_t>(
-        ceil_div(p.in_w - pw, p.stride_w) - tile % tiles_w * sc::kTileCols, 0, sc::kTileCols);
-    const PhaseTaps th = phase_taps(ph, static_cast<int>(p.pad_h), static_cast<int>(p.kernel_h),
-                                    static_cast<int>(p.stride_h), static_cast<int>(p.dilation_h));
-    const PhaseTaps tw = phase_taps(pw, static_cast<int>(p.pad_w), static_cast<int>(p.kernel_w),
-                                    static_cast<int>(p.stride_w), static_cast<int>(p.dilation_w));
-    work[e] = rows * cols * th.count * tw.count;
-    order.tile_phase[e] = static_cast<uint16_t>(e);
+    const int64_t taps =
+        int64_t(phase_taps(ph, static_cast<int>(p.pad_h), static_cast<int>(p.kernel_h),
+                           static_cast<int>(p.stride_h), static_cast<int>(p.dilation_h))
+                    .count) *
+        phase_taps(pw, static_cast<int>(p.pad_w), static_cast<int>(p.kernel_w),
+                   static_cast<int>(p.stride_w), static_cast<int>(p.dilation_w))
+            .count;
+    const int64_t rows_phase = ceil_div(p.in_h - ph, p.stride_h);
+    const int64_t cols_phase = ceil_div(p.in_w - pw, p.stride_w);
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t rows =
+          std::clamp<int64_t>(rows_phase - tile / tiles_w * kTileRows, 0, kTileRows);
+      const int64_t cols =
+          std::clamp<int64_t>(cols_phase - tile % tiles_w * sc::kTileCols, 0, sc::kTileCols);
+      const int64_t e = phase * tiles + tile;  // blockIdx.x's numbering
+      work[e] = rows * cols * taps;
+      order.tile_phase[e] = static_cast<uint16_t>(e);
+    }
   }
   std::stable_sort(order.tile_phase, order.tile_phase + pairs,
                    [&](uint16_t a, uint16_t b) { return work[a] > work[b]; });
