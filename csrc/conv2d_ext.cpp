@@ -54,6 +54,10 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // default) or keeps the grid's order (see plan.h).
   m.def("_set_few_channel_dgrad_order(bool enable) -> bool",
         &conv2d_ext::set_few_channel_dgrad_order);
+  // Whether the few-channel FFMA dgrad takes 16 x 112 tiles where they fit
+  // (the default) or 32 x 64 ones (see plan.h).
+  m.def("_set_few_channel_dgrad_wide(bool enable) -> bool",
+        &conv2d_ext::set_few_channel_dgrad_wide);
   // The algorithm a pass ('forward', 'backward_input', 'backward_weight')
   // of a convolution of these forward arguments would run now, e.g. for
   // tests to check which kernels they cover.

@@ -22,6 +22,7 @@ std::atomic<bool> g_few_channel_wgrad_wgmma{true};
 std::atomic<bool> g_few_channel_dgrad_tc{true};
 std::atomic<bool> g_few_channel_dgrad_pairs{true};
 std::atomic<bool> g_few_channel_dgrad_order{true};
+std::atomic<bool> g_few_channel_dgrad_wide{true};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
@@ -57,6 +58,10 @@ bool set_few_channel_dgrad_order(bool enable) {
 }
 
 bool few_channel_dgrad_order() { return g_few_channel_dgrad_order.load(std::memory_order_relaxed); }
+
+bool set_few_channel_dgrad_wide(bool enable) { return g_few_channel_dgrad_wide.exchange(enable); }
+
+bool few_channel_dgrad_wide() { return g_few_channel_dgrad_wide.load(std::memory_order_relaxed); }
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws

@@ -98,6 +98,13 @@ bool few_channel_dgrad_pairs();
 bool set_few_channel_dgrad_order(bool enable);
 bool few_channel_dgrad_order();
 
+// Whether the FFMA gather takes 16 x 112 tiles on phases of 65 to 112
+// columns where every phase takes two columns a thread (RGB stems; the
+// default) or 32 x 64 tiles (off: keeps those tested on such shapes).
+// Returns the previous setting.
+bool set_few_channel_dgrad_wide(bool enable);
+bool few_channel_dgrad_wide();
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 

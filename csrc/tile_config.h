@@ -727,6 +727,34 @@ inline int64_t dgrad_smem_bytes(const ConvParams& p) {
   if (halo_floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
   return 4 * kDgradCoChunk * (halo_floats + p.kernel_h * p.kernel_w * kMaxChannels);
 }
+// The strided dgrad's wide tiles (pairs of columns only, phases of 65 to
+// 112 columns such as an RGB stem's 112 x 112): 16 rows x 112 columns, 4
+// row groups of 56 pairs, 7 busy warps of 8, where 32 x 64 tiles idled 15
+// of every 64 warps on 112-column phases. The pitch keeps warps that
+// straddle two row groups (4 rows apart) on distinct banks: 4 * 124 = 16
+// (mod 32).
+constexpr int kDgradWideRows = 16;
+constexpr int kDgradWideCols = 112;
+constexpr int kDgradWidePitch = 124;
+inline Halo dgrad_wide_halo(const ConvParams& p) {
+  auto span = [](int64_t kernel, int64_t stride, int64_t dil) {
+    return ((kernel - 1) * dil + stride - 1) / stride + 1;
+  };
+  Halo h = halo(kDgradWideRows, kDgradWideCols, span(p.kernel_h, p.stride_h, p.dilation_h),
+                span(p.kernel_w, p.stride_w, p.dilation_w), 1, 1, 1, 1);
+  if (h.floats < INT64_MAX / 8 && h.pitch <= kDgradWidePitch) {
+    h.pitch = kDgradWidePitch;
+    h.floats = int64_t(h.rows) * h.pitch;
+  } else {
+    h.floats = INT64_MAX / 8;  // no wide tiles
+  }
+  return h;
+}
+inline int64_t dgrad_wide_stage_floats(const ConvParams& p) {
+  const Halo h = dgrad_wide_halo(p);
+  return aligned_floats(kDgradCoChunk * (h.floats + p.kernel_h * p.kernel_w * kMaxChannels));
+}
+
 inline bool dgrad_fits(const ConvParams& p) {
   return p.in_channels_per_group() <= kMaxChannels && dgrad_smem_bytes(p) <= kMaxSmemBytes;
 }

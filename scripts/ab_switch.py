@@ -10,7 +10,8 @@ rounds, so both sides share the machine, its clocks and its build. Prints
 the conv2d_ext times of every round side by side, with PyTorch's and both
 errors. A switch is one of the ops' test-only `_set_*` settings
 (hopper_kernels, flat_kernels, short_wgrad_direct, few_channel_wgrad_wgmma,
-few_channel_dgrad_tc, few_channel_dgrad_pairs, few_channel_dgrad_order).
+few_channel_dgrad_tc, few_channel_dgrad_pairs, few_channel_dgrad_order,
+few_channel_dgrad_wide).
 """
 import argparse
 import statistics
@@ -22,7 +23,8 @@ import conv2d_ext  # noqa: F401  (registers the ops)
 from conv2d_ext import benchmark
 
 SWITCHES = ("hopper_kernels", "flat_kernels", "short_wgrad_direct", "few_channel_wgrad_wgmma",
-            "few_channel_dgrad_tc", "few_channel_dgrad_pairs", "few_channel_dgrad_order")
+            "few_channel_dgrad_tc", "few_channel_dgrad_pairs", "few_channel_dgrad_order",
+            "few_channel_dgrad_wide")
 
 
 def main(argv=None):

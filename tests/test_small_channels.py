@@ -5,7 +5,7 @@ import torch
 
 import conv2d_ext
 from utils import (DEVICES, cuda_only, few_channel_dgrad_order, few_channel_dgrad_pairs,
-                   few_channel_dgrad_tc, few_channel_wgrad_wgmma,
+                   few_channel_dgrad_tc, few_channel_dgrad_wide, few_channel_wgrad_wgmma,
                    hopper_kernels, is_hopper_build, precision_of, reduction_lengths, reference,
                    rel_err, tf32_mode, tolerance)
 
@@ -285,6 +285,39 @@ def test_strided_dgrad_block_order(precision):
             assert err < bound, f"ordered={ordered}: relative error {err:.3g} > {bound:.3g}"
             outs.append(gi)
     assert torch.equal(outs[0], outs[1]), "the two block orders give different bits"
+
+
+@cuda_only
+@pytest.mark.parametrize("shape", [(1, 3, 70, 202, 10, 7), (2, 3, 224, 224, 64, 7),
+                                   (1, 4, 35, 130, 6, 3)],
+                         ids=["odd_leads", "stem", "four_channels"])
+def test_strided_dgrad_wide_tiles(shape, precision):
+    """Phases of 65 to 112 columns whose every phase takes two columns a
+    thread run 16 x 112 tiles (4 row groups of 56 pairs; warps straddle row
+    groups); the switch off gives 32 x 64 tiles. At stride 2: case 43's
+    101-column phases (7x7, odd and even leads, a 3-row last tile), the
+    stem's 112 x 112, and 4 input channels (3x3) on 65-column phases.
+    Against float64 in both tilings, which give the same bits (each sum
+    takes its products in the same order)."""
+    n, cin, h, w, cout, k = shape
+    pad = k // 2
+    x = torch.randn(n, cin, h, w, device="cuda")
+    wt = torch.randn(cout, cin, k, k, device="cuda")
+    geometry = ([2, 2], [pad, pad], [1, 1], 1)
+    ho, wo = (h + 2 * pad - k) // 2 + 1, (w + 2 * pad - k) // 2 + 1
+    gy = torch.randn(n, cout, ho, wo, device="cuda")
+    ref = torch.nn.grad.conv2d_input(x.shape, wt.double(), gy.double(), 2, pad, 1, 1)
+    k_dgrad = cout * k * k
+    bound = tolerance(torch.float32, "ieee", k_dgrad)  # FFMA in both modes
+    outs = []
+    with few_channel_dgrad_tc(False):
+        for wide in (True, False):
+            with few_channel_dgrad_wide(wide):
+                gi = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
+            err = rel_err(gi, ref, reduction_len=k_dgrad)
+            assert err < bound, f"wide={wide}: relative error {err:.3g} > {bound:.3g}"
+            outs.append(gi)
+    assert torch.equal(outs[0], outs[1]), "16 x 112 and 32 x 64 tiles give different bits"
 
 
 @pytest.mark.parametrize("case", FLOAT64_CASES, ids=[f"f64case{i}" for i in range(len(FLOAT64_CASES))])

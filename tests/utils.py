@@ -136,6 +136,12 @@ def few_channel_dgrad_order(enabled):
     return op_switch("few_channel_dgrad_order", enabled)
 
 
+def few_channel_dgrad_wide(enabled):
+    """The few-channel FFMA dgrad's 16 x 112 tiles where they fit (on, the
+    default) or 32 x 64 tiles (off) for the duration."""
+    return op_switch("few_channel_dgrad_wide", enabled)
+
+
 def few_channel_wgrad_wgmma(enabled):
     """The few-channel tensor-core wgrad's 3xTF32 stage on Hopper: wgmma (on,
     the default) or mma.sync (off, as other GPUs run it) for the duration."""

@@ -221,6 +221,7 @@ __device__ __forceinline__ void with_count(int count, Fn&& fn) {
 // largest phase, blocks striding over the phases and groups.
 __global__ void arrange_phase_weights(const ConvParams p, const float* __restrict__ w,
                                       float* __restrict__ out, int co_pad, int phase_floats) {
+  launch_dependents();  // the dgrad's blocks may start; they wait before reading `out`
   const int sh = p.stride_h, sw = p.stride_w;
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= phase_floats) return;
@@ -246,7 +247,7 @@ __global__ void arrange_phase_weights(const ConvParams p, const float* __restric
 // the last wave's longest blocks ran on a GPU going idle (the stem's SMs
 // were busy 90% of the kernel's time on average). So blocks take their
 // (phase, tile) heaviest first within groups of items (group, image) of
-// about one wave: the blocks in flight read about as few images as in the
+// at most one wave: the blocks in flight read about as few images as in the
 // grid's order, which keeps their grad_output in L2.
 constexpr int kBlocksPerSm = 2;
 constexpr int kMaxOrdered = 256;  // (phase, tile) pairs; more keep the grid's order
@@ -255,17 +256,23 @@ struct BlockOrder {
   uint16_t tile_phase[kMaxOrdered];  // rank -> (phase, tile) as the grid numbers them
 };
 
-template <int KH_T, int KW_T, int kCi>
+// kWide: the 16 x 112 tiles of wide_tiles(), pair path only, at their own
+// pitch (a separate instantiation: as a run-time branch of one kernel the
+// two pitches' pair variants made ptxas spill in the chunk loop, and both
+// tilings ran 2.5x slower).
+template <int KH_T, int KW_T, int kCi, bool kWide>
 __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
     dgrad_small_channels_kernel(const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                                 const float* __restrict__ grad_out,
                                 const float* __restrict__ w,
                                 const float* __restrict__ w_phase, int phase_floats,
                                 float* __restrict__ grad_in, bool vec, bool tma, int halo_rows,
-                                int pitch_arg, int tiles_w, int stages, int stage_floats,
+                                int pitch_arg, int tiles_w, int tile_rows, int tile_cols,
+                                int stages, int stage_floats,
                                 bool pairs_allowed, const BlockOrder order) {
   // Specialised sizes stage at a fixed pitch (the launch checks it fits).
-  constexpr int kPitch = KH_T > 0 ? sc::kDgradPitch : 0;
+  // Wide tiles (pairs only) stage at their own fixed pitch.
+  constexpr int kPitch = kWide ? sc::kDgradWidePitch : KH_T > 0 ? sc::kDgradPitch : 0;
   const int pitch = static_or<kPitch>(pitch_arg);
   extern __shared__ __align__(128) float4 smem4[];  // the tensor copy writes 128-byte aligned
   __shared__ uint64_t staged[2];
@@ -303,8 +310,8 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
   const int tile = t % (gridDim.x / (sh * sw));
   t /= gridDim.x / (sh * sw);
   const int ph = t / phases_w, pw = t % phases_w;
-  const int i0 = (tile / tiles_w) * kTileRows;
-  const int j0 = (tile % tiles_w) * sc::kTileCols;
+  const int i0 = (tile / tiles_w) * tile_rows;
+  const int j0 = (tile % tiles_w) * tile_cols;
   const int rows_phase = (H - ph + sh - 1) / sh;  // rows ih = ph + sh * i, i < rows_phase
   const int cols_phase = (W - pw + sw - 1) / sw;
 
@@ -313,8 +320,8 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
   // grad_output rows a tile needs: i + off for off in [off_first - (count-1)*off_step, off_first].
   const int off_h_min = th.off_first - (th.count - 1) * th.off_step;
   const int off_w_min = tw.off_first - (tw.count - 1) * tw.off_step;
-  const int rows_needed = kTileRows + (th.count - 1) * th.off_step;
-  const int cols_needed = sc::kTileCols + (tw.count - 1) * tw.off_step;
+  const int rows_needed = tile_rows + (th.count - 1) * th.off_step;
+  const int cols_needed = tile_cols + (tw.count - 1) * tw.off_step;
   const HaloCols hc = small_channels::halo_cols(j0 + off_w_min, vec);
 
   const bool any_tap = th.count > 0 && tw.count > 0;
@@ -333,9 +340,9 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
   bool pairs = false;
   if (pairs_allowed && window && sh == 2 && sw == 2 && p.dilation_h == 1 && p.dilation_w == 1)
     with_pair_taps<KH_T, KW_T, kCi>(th.count, tw.count, 0, [&](auto, auto, auto) { pairs = true; });
-  const int tile_pairs = min(32, max(1, (cols_phase - j0 + 1) / 2));
+  const int tile_pairs = min(tile_cols / 2, max(1, (cols_phase - j0 + 1) / 2));
   const int group = threadIdx.x / tile_pairs;  // the thread's row group (pairs)
-  const bool live = !pairs || group < sc::kThreads / 32;
+  const bool live = !pairs || group < tile_rows / kPairRows;
   const int col = pairs ? (live ? 2 * (threadIdx.x - group * tile_pairs) : 0)
                         : threadIdx.x % sc::kTileCols;
   const int r0 = pairs ? (live ? group : 0) * kPairRows : (threadIdx.x / sc::kTileCols) * kRows;
@@ -374,7 +381,10 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
                   &ring.barrier[b], 4u * (kChunk * halo_rows * pitch + (window ? 4 * w_vecs : 0)));
               tma_load_4d(s_go(b), &go_map, hc.first - hc.lead, i0 + off_h_min,
                           g * cout_g + co0, n, &ring.barrier[b]);
-              if (window) bulk_copy_to_smem(s_w(b), w_chunk, 16u * w_vecs, &ring.barrier[b]);
+              if (window) {
+                grid_dependency_wait();  // the arrangement kernel has written w_phase
+                bulk_copy_to_smem(s_w(b), w_chunk, 16u * w_vecs, &ring.barrier[b]);
+              }
             }
           } else {
             small_channels::stage_halo(
@@ -382,6 +392,7 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
                 chunk, Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch,
                 halo_rows * pitch, vec);
             if (window) {
+              grid_dependency_wait();  // the arrangement kernel has written w_phase
               for (int e = threadIdx.x; e < w_vecs; e += sc::kThreads)
                 cp_async_16(s_w(b) + 4 * e, w_chunk + 4 * e);
             }
@@ -414,7 +425,7 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
           // 112-row phases fill three and a half 32-row tiles) stage their
           // share and skip the taps, leaving the issue slots to the other
           // block on the SM.
-          if (i0 + warp_r0 >= rows_phase || warp_r0 >= kTileRows || j0 + warp_col0 >= cols_phase)
+          if (i0 + warp_r0 >= rows_phase || warp_r0 >= tile_rows || j0 + warp_col0 >= cols_phase)
             continue;  // warp-uniform
           // Two levels of sums: each chunk's products (at most 4 channels x
           // the phase's taps) into `part`, the chunks' sums into `acc`. One
@@ -464,6 +475,11 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
       });
       return;
     }
+  }
+  if constexpr (kWide) {
+    __trap();  // the launch takes wide tiles only where every phase pairs
+  } else {
+  if constexpr (KH_T > 0) {
     if (window) {
       items([&](const float* sgo_b, const float* sw_b, int chunk, float (&part)[kRows][kCi]) {
         with_count<KH_T>(th.count, [&](auto count_tag) {
@@ -506,11 +522,13 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
       }
     }
   });
+  }
 }
 
 // The blocks' order (see BlockOrder): (phase, tile) by work, heaviest
-// first (ties in the grid's order), groups of items filling a wave.
-BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, dim3 grid) {
+// first (ties in the grid's order), in groups of items of at most a wave.
+BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, int64_t tile_rows,
+                       int64_t tile_cols, dim3 grid) {
   BlockOrder order{};
   const int64_t phases = p.stride_h * p.stride_w, pairs = tiles * phases;
   if (!few_channel_dgrad_order() || pairs > kMaxOrdered) return order;
@@ -528,9 +546,9 @@ BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, dim3
     const int64_t cols_phase = ceil_div(p.in_w - pw, p.stride_w);
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t rows =
-          std::clamp<int64_t>(rows_phase - tile / tiles_w * kTileRows, 0, kTileRows);
+          std::clamp<int64_t>(rows_phase - tile / tiles_w * tile_rows, 0, tile_rows);
       const int64_t cols =
-          std::clamp<int64_t>(cols_phase - tile % tiles_w * sc::kTileCols, 0, sc::kTileCols);
+          std::clamp<int64_t>(cols_phase - tile % tiles_w * tile_cols, 0, tile_cols);
       const int64_t e = phase * tiles + tile;  // blockIdx.x's numbering
       work[e] = rows * cols * taps;
       order.tile_phase[e] = static_cast<uint16_t>(e);
@@ -538,31 +556,68 @@ BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, dim3
   }
   std::stable_sort(order.tile_phase, order.tile_phase + pairs,
                    [&](uint16_t a, uint16_t b) { return work[a] > work[b]; });
-  // Groups of about a wave each, of equal size: on the stem (four waves)
-  // groups of 8 of its 32 images took 0.278 ms, of 9 (9, 9, 9, 5) 0.285,
-  // the grid's order 0.295, one group (no locality) 0.296.
+  // Groups of equal size, each at most a wave. On the stem (32 images; 32
+  // x 64 tiles: 32 blocks an image, 16 x 112 tiles: 28) groups of 8 images
+  // took 0.278 ms, of 9 (9, 9, 9, 5) 0.285, the grid's order 0.295, one
+  // group (no locality) 0.296; with 16 x 112 tiles, groups of 8 took 0.262
+  // ms (H200), of 11 (the nearest whole number of groups to the waves,
+  // 3.4) 0.268, of 16 0.262.
   const int64_t items = int64_t(grid.y) * grid.z;
-  const double wave = double(kBlocksPerSm) *
-                      at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t groups = std::max<int64_t>(1, std::llround(double(pairs) * items / wave));
+  const int64_t wave =
+      int64_t(kBlocksPerSm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t groups = std::max<int64_t>(1, ceil_div(pairs * items, wave));
   order.items = static_cast<int>(std::min<int64_t>(ceil_div(items, groups), INT32_MAX));
   return order;
+}
+
+// Whether the launch takes wide tiles: every phase on the pair path
+// (stride 2, unit dilation, the phases' tap counts compiled), phases of 65
+// to 112 columns, whose 64-column tiles would leave warps idle, and the
+// wide halo within the pitch and two stages within the shared-memory bound.
+template <int KH, int KW, int kCi>
+bool wide_tiles(const ConvParams& p) {
+  if constexpr (KH > 0) {
+    if (!few_channel_dgrad_pairs() || !few_channel_dgrad_wide() || p.stride_h != 2 ||
+        p.stride_w != 2 || p.dilation_h != 1 || p.dilation_w != 1)
+      return false;
+    const int64_t cols = ceil_div(p.in_w, 2);
+    if (cols <= sc::kTileCols || cols > sc::kDgradWideCols) return false;
+    for (int ph = 0; ph < 2; ++ph)
+      for (int pw = 0; pw < 2; ++pw) {
+        const PhaseTaps th = phase_taps(ph, static_cast<int>(p.pad_h), KH, 2, 1);
+        const PhaseTaps tw = phase_taps(pw, static_cast<int>(p.pad_w), KW, 2, 1);
+        if (!pair_variant<KH, kCi>(th.count, tw.count)) return false;
+      }
+    return sc::dgrad_wide_halo(p).floats < INT64_MAX / 8 &&
+           2 * 4 * sc::dgrad_wide_stage_floats(p) <= sc::kMaxSmemBytes;
+  } else {
+    return false;
+  }
 }
 
 template <int KH, int KW, int kCi>
 void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
             bool vec) {
-  const sc::Halo h = sc::dgrad_halo(p);
+  sc::Halo h = sc::dgrad_halo(p);
   if constexpr (KH > 0) {
     // Strides and dilations whose halo is wider than the fixed pitch.
     if (h.pitch != sc::kDgradPitch) return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
   }
-  const int stages = sc::dgrad_stages(p);
-  const int64_t stage_floats = sc::dgrad_stage_floats(p);
-  const size_t smem =
-      static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : sc::dgrad_smem_bytes(p));
-  const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), sc::kTileCols);
-  const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), kTileRows) * tiles_w;
+  int stages = sc::dgrad_stages(p);
+  int64_t stage_floats = sc::dgrad_stage_floats(p);
+  size_t smem = static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : sc::dgrad_smem_bytes(p));
+  int64_t tile_rows = kTileRows, tile_cols = sc::kTileCols;
+  const bool wide = wide_tiles<KH, KW, kCi>(p);
+  if (wide) {
+    h = sc::dgrad_wide_halo(p);
+    stages = 2;
+    stage_floats = sc::dgrad_wide_stage_floats(p);
+    smem = static_cast<size_t>(2 * 4 * stage_floats);
+    tile_rows = sc::kDgradWideRows;
+    tile_cols = sc::kDgradWideCols;
+  }
+  const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), tile_cols);
+  const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), tile_rows) * tiles_w;
   const int64_t phases = p.stride_h * p.stride_w;
   const int64_t blocks = tiles * phases;
   TORCH_CHECK(blocks < (int64_t(1) << 31), "conv2d_ext: input too large for the small-channel dgrad");
@@ -594,15 +649,36 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
                              static_cast<uint32_t>(h.rows), kChunk, 1);
   }
   const dim3 grid(blocks, std::min(p.groups, kMaxGridYZ), std::min(p.batch, kMaxGridYZ));
-  const BlockOrder order = block_order(p, tiles, tiles_w, grid);
-  auto kernel = dgrad_small_channels_kernel<KH, KW, kCi>;
+  const BlockOrder order = block_order(p, tiles, tiles_w, tile_rows, tile_cols, grid);
+  auto kernel = dgrad_small_channels_kernel<KH, KW, kCi, false>;
+  if constexpr (KH > 0 && kCi >= 2) {
+    if (wide) kernel = dgrad_small_channels_kernel<KH, KW, kCi, true>;
+  }
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<grid, sc::kThreads, smem, stream>>>(
-      go_map, p, grad_out.data_ptr<float>(), w,
-      w_phase.defined() ? w_phase.data_ptr<float>() : nullptr, phase_floats, gi, vec, tma,
-      h.rows, h.pitch, static_cast<int>(tiles_w), stages, static_cast<int>(stage_floats),
-      few_channel_dgrad_pairs(), order);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // After the arrangement kernel, a programmatic dependent launch: the
+  // blocks start and copy their first grad_output while it runs.
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(sc::kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (w_phase.defined()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  const float* w_phase_ptr = w_phase.defined() ? w_phase.data_ptr<float>() : nullptr;
+  const float* go_ptr = grad_out.data_ptr<float>();
+  const int tiles_w_i = static_cast<int>(tiles_w), tile_rows_i = static_cast<int>(tile_rows),
+            tile_cols_i = static_cast<int>(tile_cols), stage_floats_i = static_cast<int>(stage_floats);
+  const bool pairs_allowed = few_channel_dgrad_pairs();
+  const int halo_rows = static_cast<int>(h.rows), pitch = static_cast<int>(h.pitch);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, go_map, p, go_ptr, w, w_phase_ptr,
+                                    phase_floats, gi, vec, tma, halo_rows, pitch, tiles_w_i,
+                                    tile_rows_i, tile_cols_i, stages, stage_floats_i,
+                                    pairs_allowed, order));
 }
 
 }  // namespace

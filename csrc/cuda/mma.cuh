@@ -330,6 +330,24 @@ __device__ __forceinline__ void bulk_copy_to_smem(void* dst, const void* src, ui
 #endif
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with
+// programmatic stream serialisation may start while the kernel before it
+// runs, once that one's blocks have all called launch_dependents (or
+// exited); it must call grid_dependency_wait before reading what the
+// earlier kernel writes. Without that launch attribute the wait returns at
+// once.
+__device__ __forceinline__ void launch_dependents() {
+#ifdef CONV2D_EXT_BULK_COPY
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#ifdef CONV2D_EXT_BULK_COPY
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // The box of a 4-D tensor map at coordinates (c0 innermost .. c3) into
 // shared memory, completing on `bar`; elements outside the tensor read as
 // zeros. `tensor_map` is the address of a __grid_constant__ parameter.
