@@ -258,10 +258,25 @@ def test_strided_dgrad_one_column_a_thread(case, precision):
     assert torch.equal(outs[0], outs[1]), "two columns a thread and one differ"
 
 
+def _gather_same_bits_both_ways(switch, gy, wt, x_shape, geometry, ref, k_dgrad):
+    """The FFMA gather's dgrad with `switch` on and off: both against the
+    float64 `ref` to the IEEE bound (FFMA in both modes), and the same bits."""
+    bound = tolerance(torch.float32, "ieee", k_dgrad)
+    outs = []
+    with few_channel_dgrad_tc(False):
+        for on in (True, False):
+            with switch(on):
+                gi = ops.conv2d_backward_input(gy, wt, list(x_shape), *geometry)
+            err = rel_err(gi, ref, reduction_len=k_dgrad)
+            assert err < bound, f"{switch.__name__}={on}: relative error {err:.3g} > {bound:.3g}"
+            outs.append(gi)
+    assert torch.equal(outs[0], outs[1]), f"{switch.__name__} on and off give different bits"
+
+
 @cuda_only
 def test_strided_dgrad_block_order(precision):
     """The gather starts its blocks heaviest (phase, tile) first, in groups
-    of items (channel group, image) of about a wave. Here 22 items of 32
+    of items (channel group, image) of at most a wave. Here 22 items of 32
     blocks (4 phases of 125 x 125 pixels, 4 x 2 tiles each), 2.7 waves of
     an H100's 132 SMs: groups of 8, 8 and 6 items, which interleave
     channel groups and images. Against float64 in both orders (the switch),
@@ -273,18 +288,10 @@ def test_strided_dgrad_block_order(precision):
     wt = torch.randn(cout, cin // groups, *k, device="cuda")
     gy = torch.randn(n, cout, 125, 125, device="cuda")
     ref = torch.nn.grad.conv2d_input(x.shape, wt.double(), gy.double(), 2, 3, 1, groups)
-    k_dgrad = (cout // groups) * k[0] * k[1]
-    bound = tolerance(torch.float32, "ieee", k_dgrad)  # FFMA in both modes
-    outs = []
     with few_channel_dgrad_tc(False):
         assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
-        for ordered in (True, False):
-            with few_channel_dgrad_order(ordered):
-                gi = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
-            err = rel_err(gi, ref, reduction_len=k_dgrad)
-            assert err < bound, f"ordered={ordered}: relative error {err:.3g} > {bound:.3g}"
-            outs.append(gi)
-    assert torch.equal(outs[0], outs[1]), "the two block orders give different bits"
+    _gather_same_bits_both_ways(few_channel_dgrad_order, gy, wt, x.shape, geometry, ref,
+                                (cout // groups) * k[0] * k[1])
 
 
 @cuda_only
@@ -307,17 +314,8 @@ def test_strided_dgrad_wide_tiles(shape, precision):
     ho, wo = (h + 2 * pad - k) // 2 + 1, (w + 2 * pad - k) // 2 + 1
     gy = torch.randn(n, cout, ho, wo, device="cuda")
     ref = torch.nn.grad.conv2d_input(x.shape, wt.double(), gy.double(), 2, pad, 1, 1)
-    k_dgrad = cout * k * k
-    bound = tolerance(torch.float32, "ieee", k_dgrad)  # FFMA in both modes
-    outs = []
-    with few_channel_dgrad_tc(False):
-        for wide in (True, False):
-            with few_channel_dgrad_wide(wide):
-                gi = ops.conv2d_backward_input(gy, wt, list(x.shape), *geometry)
-            err = rel_err(gi, ref, reduction_len=k_dgrad)
-            assert err < bound, f"wide={wide}: relative error {err:.3g} > {bound:.3g}"
-            outs.append(gi)
-    assert torch.equal(outs[0], outs[1]), "16 x 112 and 32 x 64 tiles give different bits"
+    _gather_same_bits_both_ways(few_channel_dgrad_wide, gy, wt, x.shape, geometry, ref,
+                                cout * k * k)
 
 
 @pytest.mark.parametrize("case", FLOAT64_CASES, ids=[f"f64case{i}" for i in range(len(FLOAT64_CASES))])
