@@ -655,8 +655,9 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
     if (wide) kernel = dgrad_small_channels_kernel<KH, KW, kCi, true>;
   }
   ensure_dynamic_smem(kernel, smem);
-  // After the arrangement kernel, a programmatic dependent launch: the
-  // blocks start and copy their first grad_output while it runs.
+  // After the arrangement kernel, a programmatic dependent launch (sm_90):
+  // the blocks start and copy their first grad_output while it runs. With
+  // the Hopper code switched off, the plain launch other GPUs take.
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(sc::kThreads);
@@ -665,7 +666,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (w_phase.defined()) {
+  if (w_phase.defined() && hopper_kernels(current_sm())) {
     config.attrs = &attribute;
     config.numAttrs = 1;
   }
