@@ -241,6 +241,29 @@ __global__ void arrange_phase_weights(const ConvParams p, const float* __restric
   }
 }
 
+// A block's (phase, tile) index t as the grid numbers them (phase-major;
+// the tile grid is sized for the largest phase, phase 0) and where the
+// tile lies: shared by the kernel and the host's block order.
+struct BlockTile {
+  int ph, pw;                  // the phase: rows ph + sh * i, columns pw + sw * j
+  int i0, j0;                  // the tile's first row and column in the phase
+  int rows_phase, cols_phase;  // the phase's rows and columns
+};
+__host__ __device__ __forceinline__ BlockTile block_tile(int t, unsigned tiles, int tiles_w,
+                                                         int tile_rows, int tile_cols, int sh,
+                                                         int sw, int H, int W) {
+  // Unsigned: t and tiles are not negative, and the division is shorter.
+  const int tile = t % tiles, phase = t / tiles;
+  BlockTile b;
+  b.ph = phase / sw;
+  b.pw = phase % sw;
+  b.i0 = (tile / tiles_w) * tile_rows;
+  b.j0 = (tile % tiles_w) * tile_cols;
+  b.rows_phase = (H - b.ph + sh - 1) / sh;
+  b.cols_phase = (W - b.pw + sw - 1) / sw;
+  return b;
+}
+
 // The order blocks start in. A phase's tiles differ in work (pixels times
 // the phase's taps: the stem's heaviest block does 4.7x its lightest), and
 // in the grid's order every image's blocks ended on its heaviest phase, so
@@ -304,16 +327,10 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
     g_first = static_cast<int>(item % gridDim.y);
     n_first = static_cast<int>(item / gridDim.y);
   }
-  // t -> (phase, tile of the phase); the tile grid is sized for the largest
-  // phase (phase 0).
-  const int phases_w = sw;
-  const int tile = t % (gridDim.x / (sh * sw));
-  t /= gridDim.x / (sh * sw);
-  const int ph = t / phases_w, pw = t % phases_w;
-  const int i0 = (tile / tiles_w) * tile_rows;
-  const int j0 = (tile % tiles_w) * tile_cols;
-  const int rows_phase = (H - ph + sh - 1) / sh;  // rows ih = ph + sh * i, i < rows_phase
-  const int cols_phase = (W - pw + sw - 1) / sw;
+  const BlockTile bt =
+      block_tile(t, gridDim.x / (sh * sw), tiles_w, tile_rows, tile_cols, sh, sw, H, W);
+  const int ph = bt.ph, pw = bt.pw, i0 = bt.i0, j0 = bt.j0;
+  const int rows_phase = bt.rows_phase, cols_phase = bt.cols_phase;
 
   const PhaseTaps th = phase_taps(ph, p.pad_h, KH, sh, p.dilation_h);
   const PhaseTaps tw = phase_taps(pw, p.pad_w, KW, sw, p.dilation_w);
@@ -532,27 +549,27 @@ BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, int6
   BlockOrder order{};
   const int64_t phases = p.stride_h * p.stride_w, pairs = tiles * phases;
   if (!few_channel_dgrad_order() || pairs > kMaxOrdered) return order;
-  int64_t work[kMaxOrdered];
+  int64_t taps[kMaxOrdered];  // per phase (phases <= pairs)
   for (int64_t phase = 0; phase < phases; ++phase) {
     const int ph = static_cast<int>(phase / p.stride_w), pw = static_cast<int>(phase % p.stride_w);
-    const int64_t taps =
+    taps[phase] =
         int64_t(phase_taps(ph, static_cast<int>(p.pad_h), static_cast<int>(p.kernel_h),
                            static_cast<int>(p.stride_h), static_cast<int>(p.dilation_h))
                     .count) *
         phase_taps(pw, static_cast<int>(p.pad_w), static_cast<int>(p.kernel_w),
                    static_cast<int>(p.stride_w), static_cast<int>(p.dilation_w))
             .count;
-    const int64_t rows_phase = ceil_div(p.in_h - ph, p.stride_h);
-    const int64_t cols_phase = ceil_div(p.in_w - pw, p.stride_w);
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      const int64_t rows =
-          std::clamp<int64_t>(rows_phase - tile / tiles_w * tile_rows, 0, tile_rows);
-      const int64_t cols =
-          std::clamp<int64_t>(cols_phase - tile % tiles_w * tile_cols, 0, tile_cols);
-      const int64_t e = phase * tiles + tile;  // blockIdx.x's numbering
-      work[e] = rows * cols * taps;
-      order.tile_phase[e] = static_cast<uint16_t>(e);
-    }
+  }
+  int64_t work[kMaxOrdered];
+  for (int e = 0; e < pairs; ++e) {  // blockIdx.x's numbering
+    const BlockTile b = block_tile(
+        e, static_cast<unsigned>(tiles), static_cast<int>(tiles_w), static_cast<int>(tile_rows),
+        static_cast<int>(tile_cols), static_cast<int>(p.stride_h), static_cast<int>(p.stride_w),
+        static_cast<int>(p.in_h), static_cast<int>(p.in_w));
+    work[e] = std::clamp<int64_t>(b.rows_phase - b.i0, 0, tile_rows) *
+              std::clamp<int64_t>(b.cols_phase - b.j0, 0, tile_cols) *
+              taps[b.ph * p.stride_w + b.pw];
+    order.tile_phase[e] = static_cast<uint16_t>(e);
   }
   std::stable_sort(order.tile_phase, order.tile_phase + pairs,
                    [&](uint16_t a, uint16_t b) { return work[a] > work[b]; });
