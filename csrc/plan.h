@@ -92,7 +92,7 @@ bool set_few_channel_dgrad_pairs(bool enable);
 bool few_channel_dgrad_pairs();
 
 // Whether the FFMA gather starts its blocks heaviest (phase, tile) first
-// within groups of about a wave (the default) or in the grid's order (off:
+// within groups of at most a wave (the default) or in the grid's order (off:
 // for A/B runs and for tests that both orders give the same bits). Returns
 // the previous setting.
 bool set_few_channel_dgrad_order(bool enable);

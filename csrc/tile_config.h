@@ -710,23 +710,29 @@ inline bool fprop_fits(const ConvParams& p) {
 // their window loads are then a base register plus immediates); it holds
 // grad_output reaches of up to 11 columns. Wider ones run the generic kernel.
 constexpr int kDgradPitch = 80;
-inline Halo dgrad_halo(const ConvParams& p) {
+// The grad_output halo of a rows x cols tile of one phase, staged at least
+// `pitch` wide (a wider one does not fit that pitch's kernels).
+inline Halo dgrad_tile_halo(const ConvParams& p, int64_t rows, int64_t cols, int pitch) {
   auto span = [](int64_t kernel, int64_t stride, int64_t dil) {
     return ((kernel - 1) * dil + stride - 1) / stride + 1;
   };
-  Halo h = halo(kNarrowRows * kSlots, kTileCols, span(p.kernel_h, p.stride_h, p.dilation_h),
+  Halo h = halo(rows, cols, span(p.kernel_h, p.stride_h, p.dilation_h),
                 span(p.kernel_w, p.stride_w, p.dilation_w), 1, 1, 1, 1);
-  if (h.pitch < kDgradPitch && h.floats < INT64_MAX / 8) {
-    h.pitch = kDgradPitch;
+  if (h.pitch < pitch && h.floats < INT64_MAX / 8) {
+    h.pitch = pitch;
     h.floats = int64_t(h.rows) * h.pitch;
   }
   return h;
 }
-inline int64_t dgrad_smem_bytes(const ConvParams& p) {
-  const int64_t halo_floats = dgrad_halo(p).floats;
-  if (halo_floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
-  return 4 * kDgradCoChunk * (halo_floats + p.kernel_h * p.kernel_w * kMaxChannels);
+inline Halo dgrad_halo(const ConvParams& p) {
+  return dgrad_tile_halo(p, kNarrowRows * kSlots, kTileCols, kDgradPitch);
 }
+// Shared memory of one stage: kDgradCoChunk channels' halo `h` and weights.
+inline int64_t dgrad_smem_bytes(const ConvParams& p, const Halo& h) {
+  if (h.floats > kMaxSmemBytes) return INT64_MAX;  // a halo too large to stage
+  return 4 * kDgradCoChunk * (h.floats + p.kernel_h * p.kernel_w * kMaxChannels);
+}
+inline int64_t dgrad_smem_bytes(const ConvParams& p) { return dgrad_smem_bytes(p, dgrad_halo(p)); }
 // The strided dgrad's wide tiles (pairs of columns only, phases of 65 to
 // 112 columns such as an RGB stem's 112 x 112): 16 rows x 112 columns, 4
 // row groups of 56 pairs, 7 busy warps of 8, where 32 x 64 tiles idled 15
@@ -737,22 +743,7 @@ constexpr int kDgradWideRows = 16;
 constexpr int kDgradWideCols = 112;
 constexpr int kDgradWidePitch = 124;
 inline Halo dgrad_wide_halo(const ConvParams& p) {
-  auto span = [](int64_t kernel, int64_t stride, int64_t dil) {
-    return ((kernel - 1) * dil + stride - 1) / stride + 1;
-  };
-  Halo h = halo(kDgradWideRows, kDgradWideCols, span(p.kernel_h, p.stride_h, p.dilation_h),
-                span(p.kernel_w, p.stride_w, p.dilation_w), 1, 1, 1, 1);
-  if (h.floats < INT64_MAX / 8 && h.pitch <= kDgradWidePitch) {
-    h.pitch = kDgradWidePitch;
-    h.floats = int64_t(h.rows) * h.pitch;
-  } else {
-    h.floats = INT64_MAX / 8;  // no wide tiles
-  }
-  return h;
-}
-inline int64_t dgrad_wide_stage_floats(const ConvParams& p) {
-  const Halo h = dgrad_wide_halo(p);
-  return aligned_floats(kDgradCoChunk * (h.floats + p.kernel_h * p.kernel_w * kMaxChannels));
+  return dgrad_tile_halo(p, kDgradWideRows, kDgradWideCols, kDgradWidePitch);
 }
 
 inline bool dgrad_fits(const ConvParams& p) {
@@ -761,8 +752,11 @@ inline bool dgrad_fits(const ConvParams& p) {
 // Chunks staged at a time: two where they fit in the bound (the next one's
 // copies fly while this one computes; the stem: 2 x 48 KB), each 128-byte
 // aligned for the tensor copy, else one.
+inline int64_t dgrad_stage_floats(const ConvParams& p, const Halo& h) {
+  return aligned_floats(dgrad_smem_bytes(p, h) / 4);
+}
 inline int64_t dgrad_stage_floats(const ConvParams& p) {
-  return aligned_floats(dgrad_smem_bytes(p) / 4);
+  return dgrad_stage_floats(p, dgrad_halo(p));
 }
 inline int dgrad_stages(const ConvParams& p) {
   return 2 * 4 * dgrad_stage_floats(p) <= kMaxSmemBytes ? 2 : 1;

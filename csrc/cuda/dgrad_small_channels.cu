@@ -605,8 +605,9 @@ bool wide_tiles(const ConvParams& p) {
         const PhaseTaps tw = phase_taps(pw, static_cast<int>(p.pad_w), KW, 2, 1);
         if (!pair_variant<KH, kCi>(th.count, tw.count)) return false;
       }
-    return sc::dgrad_wide_halo(p).floats < INT64_MAX / 8 &&
-           2 * 4 * sc::dgrad_wide_stage_floats(p) <= sc::kMaxSmemBytes;
+    const sc::Halo h = sc::dgrad_wide_halo(p);
+    return h.pitch == sc::kDgradWidePitch &&
+           2 * 4 * sc::dgrad_stage_floats(p, h) <= sc::kMaxSmemBytes;
   } else {
     return false;
   }
@@ -628,7 +629,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   if (wide) {
     h = sc::dgrad_wide_halo(p);
     stages = 2;
-    stage_floats = sc::dgrad_wide_stage_floats(p);
+    stage_floats = sc::dgrad_stage_floats(p, h);
     smem = static_cast<size_t>(2 * 4 * stage_floats);
     tile_rows = sc::kDgradWideRows;
     tile_cols = sc::kDgradWideCols;
@@ -687,16 +688,12 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
     config.attrs = &attribute;
     config.numAttrs = 1;
   }
-  const float* w_phase_ptr = w_phase.defined() ? w_phase.data_ptr<float>() : nullptr;
-  const float* go_ptr = grad_out.data_ptr<float>();
-  const int tiles_w_i = static_cast<int>(tiles_w), tile_rows_i = static_cast<int>(tile_rows),
-            tile_cols_i = static_cast<int>(tile_cols), stage_floats_i = static_cast<int>(stage_floats);
-  const bool pairs_allowed = few_channel_dgrad_pairs();
-  const int halo_rows = static_cast<int>(h.rows), pitch = static_cast<int>(h.pitch);
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, go_map, p, go_ptr, w, w_phase_ptr,
-                                    phase_floats, gi, vec, tma, halo_rows, pitch, tiles_w_i,
-                                    tile_rows_i, tile_cols_i, stages, stage_floats_i,
-                                    pairs_allowed, order));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(
+      &config, kernel, go_map, p, grad_out.data_ptr<float>(), w,
+      w_phase.defined() ? w_phase.data_ptr<float>() : nullptr, phase_floats, gi, vec, tma, h.rows,
+      h.pitch, static_cast<int>(tiles_w), static_cast<int>(tile_rows),
+      static_cast<int>(tile_cols), stages, static_cast<int>(stage_floats),
+      few_channel_dgrad_pairs(), order));
 }
 
 }  // namespace
