@@ -58,6 +58,9 @@ TORCH_LIBRARY(conv2d_ext, m) {
   // (the default) or 32 x 64 ones (see plan.h).
   m.def("_set_few_channel_dgrad_wide(bool enable) -> bool",
         &conv2d_ext::set_few_channel_dgrad_wide);
+  // Whether the sm_90 IEEE-mode wgrad skips the k8 steps past the output's
+  // right edge (the default) or runs them on zeros (see plan.h).
+  m.def("_set_wgrad_edge_steps(bool enable) -> bool", &conv2d_ext::set_wgrad_edge_steps);
   // The algorithm a pass ('forward', 'backward_input', 'backward_weight')
   // of a convolution of these forward arguments would run now, e.g. for
   // tests to check which kernels they cover.

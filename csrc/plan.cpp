@@ -23,6 +23,7 @@ std::atomic<bool> g_few_channel_dgrad_tc{true};
 std::atomic<bool> g_few_channel_dgrad_pairs{true};
 std::atomic<bool> g_few_channel_dgrad_order{true};
 std::atomic<bool> g_few_channel_dgrad_wide{true};
+std::atomic<bool> g_wgrad_edge_steps{true};
 }  // namespace
 
 bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
@@ -62,6 +63,10 @@ bool few_channel_dgrad_order() { return g_few_channel_dgrad_order.load(std::memo
 bool set_few_channel_dgrad_wide(bool enable) { return g_few_channel_dgrad_wide.exchange(enable); }
 
 bool few_channel_dgrad_wide() { return g_few_channel_dgrad_wide.load(std::memory_order_relaxed); }
+
+bool set_wgrad_edge_steps(bool enable) { return g_wgrad_edge_steps.exchange(enable); }
+
+bool wgrad_edge_steps() { return g_wgrad_edge_steps.load(std::memory_order_relaxed); }
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws

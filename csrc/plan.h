@@ -105,6 +105,13 @@ bool few_channel_dgrad_order();
 bool set_few_channel_dgrad_wide(bool enable);
 bool few_channel_dgrad_wide();
 
+// Whether the sm_90 wgrad's 3xTF32 kernel skips the k8 steps of a K tile
+// past the output's right edge, in pairs (the default), or runs all 8 on
+// zeros (off: for A/B runs and for tests that both give the same bits).
+// Returns the previous setting.
+bool set_wgrad_edge_steps(bool enable);
+bool wgrad_edge_steps();
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 

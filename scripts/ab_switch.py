@@ -11,7 +11,7 @@ the conv2d_ext times of every round side by side, with PyTorch's and both
 errors. A switch is one of the ops' test-only `_set_*` settings
 (hopper_kernels, flat_kernels, short_wgrad_direct, few_channel_wgrad_wgmma,
 few_channel_dgrad_tc, few_channel_dgrad_pairs, few_channel_dgrad_order,
-few_channel_dgrad_wide).
+few_channel_dgrad_wide, wgrad_edge_steps).
 """
 import argparse
 import statistics
@@ -24,7 +24,7 @@ from conv2d_ext import benchmark
 
 SWITCHES = ("hopper_kernels", "flat_kernels", "short_wgrad_direct", "few_channel_wgrad_wgmma",
             "few_channel_dgrad_tc", "few_channel_dgrad_pairs", "few_channel_dgrad_order",
-            "few_channel_dgrad_wide")
+            "few_channel_dgrad_wide", "wgrad_edge_steps")
 
 
 def main(argv=None):

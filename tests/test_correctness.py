@@ -135,7 +135,17 @@ def _random_case(rng):
 
 
 RANDOM = [_random_case(random.Random(seed)) for seed in range(24)]
-CASES = HAND_PICKED + TENSOR_CORE + RANDOM
+
+# The sm_90 wgrad skips a K tile's k8 steps past the output's right edge,
+# in pairs: a last tile of 24 columns (steps 4-7 skipped, so the second
+# 3xTF32 temporary of four steps never starts) and of 1 column (steps 2-7;
+# B by async copies). Tiles of 33-48 columns (6 steps) are in TENSOR_CORE.
+# Last, so that the other cases keep their numbers.
+WGRAD_EDGE_STEPS = [
+    (1, 16, 6, 152, 16, (3, 3), 1, 1, 1, 1, True),
+    (2, 8, 5, 196, 24, (3, 4), 1, 0, 1, 1, False),
+]
+CASES = HAND_PICKED + TENSOR_CORE + RANDOM + WGRAD_EDGE_STEPS
 
 
 def _run(case, device, dtype):
@@ -315,7 +325,7 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     forward per stride phase, and every wgrad to a tensor-core kernel;
     forward and unit-stride dgrad on sm_90 to wgmma when the build has sm_90a
     code: the flat kernel, in both modes; wgrad there to wgmma where its
-    tiles take the shape."""
+    tiles take the shape, as on the WGRAD_EDGE_STEPS cases."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         pytest.skip("no TF32 tensor cores")
@@ -348,6 +358,56 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         expected = "implicit_gemm_sm90" if hopper and _wgrad_sm90_takes(case) else "implicit_gemm"
         algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
         assert algo == expected, f"{case} backward_weight: {algo}, expected {expected}"
+    for case in WGRAD_EDGE_STEPS:
+        n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
+        x = torch.empty(n, cin, h, w, device="cuda")
+        wt = torch.empty(cout, cin // groups, *k, device="cuda")
+        geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+        assert _wgrad_sm90_takes(case)
+        expected = "implicit_gemm_sm90" if hopper else "implicit_gemm"
+        algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
+        assert algo == expected, f"{case} backward_weight: {algo}, expected {expected}"
+
+
+# Last K tiles of 24 and 1 columns (4 and 2 steps), and of 44 columns (6
+# steps) at a's 5x9 over four channel groups and at b's padding and dilations.
+EDGE_STEP_BITS = WGRAD_EDGE_STEPS + [
+    (1, 32, 9, 180, 24, (5, 9), 1, 0, 1, 1, False),
+    (1, 32, 12, 124, 24, (5, 9), 1, (2, 4), (2, 3), 1, False),
+]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", EDGE_STEP_BITS,
+                         ids=[f"edge{i}" for i in range(len(EDGE_STEP_BITS))])
+def test_wgrad_edge_steps_same_bits(case):
+    """In IEEE mode the sm_90 wgrad skips the k8 steps of a K tile past the
+    output's right edge (in pairs); the switch off runs them on zeros. Both
+    against float64, and the same bits: the skipped products are zeros,
+    which leave every sum as it is."""
+    n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
+    assert _wgrad_sm90_takes(case)
+    geometry = (list(_pair(stride)), list(_pair(padding)), list(_pair(dilation)), groups)
+    x = torch.randn(n, cin, h, w, device="cuda")
+    wt_shape = [cout, cin // groups, *k]
+    ho = h + 2 * _pair(padding)[0] - _pair(dilation)[0] * (k[0] - 1)  # unit stride
+    gy = torch.randn(n, cout, ho, _out_width(case), device="cuda")
+    ref = torch.nn.grad.conv2d_weight(x.double(), wt_shape, gy.double(), *geometry)
+    length = gy[0, 0].numel() * n
+    bound = tolerance(torch.float32, "ieee", length)
+    outs = []
+    with tf32_mode(False):
+        if is_hopper_build():
+            wt = torch.empty(wt_shape, device="cuda")
+            algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
+            assert algo == "implicit_gemm_sm90", algo
+        for on in (True, False):
+            with op_switch("wgrad_edge_steps", on):
+                gw = torch.ops.conv2d_ext.conv2d_backward_weight(gy, x, wt_shape, *geometry)
+            err = rel_err(gw, ref, reduction_len=length)
+            assert err < bound, f"edge steps {on}: relative error {err:.3g} > {bound:.3g}"
+            outs.append(gw)
+    assert torch.equal(outs[0], outs[1]), "wgrad_edge_steps on and off give different bits"
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

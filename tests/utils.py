@@ -142,6 +142,12 @@ def few_channel_dgrad_wide(enabled):
     return op_switch("few_channel_dgrad_wide", enabled)
 
 
+def wgrad_edge_steps(enabled):
+    """The sm_90 IEEE-mode wgrad's skipped k8 steps past the right edge (on,
+    the default) or all 8 steps of every K tile (off) for the duration."""
+    return op_switch("wgrad_edge_steps", enabled)
+
+
 def few_channel_wgrad_wgmma(enabled):
     """The few-channel tensor-core wgrad's 3xTF32 stage on Hopper: wgmma (on,
     the default) or mma.sync (off, as other GPUs run it) for the duration."""

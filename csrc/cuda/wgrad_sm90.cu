@@ -42,6 +42,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda.h>
 
+#include "../plan.h"
 #include "../tile_config.h"
 #include "common.cuh"
 #include "mma.cuh"
@@ -55,6 +56,9 @@ namespace {
 
 namespace cfg = igemm_wgrad_sm90;
 
+template <int N>
+using Steps = std::integral_constant<int, N>;
+
 // The 3xTF32 split of both operands: big rounded (long reductions need
 // the margin against cuDNN's FP32), small left to the tensor cores'
 // truncation (two instructions fewer; mma.cuh has the error bounds).
@@ -67,7 +71,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     wgrad_sm90_kernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                       const float* __restrict__ go, float* __restrict__ partial,
-                      const cfg::Layout L, int64_t tiles_per_split, bool go_by_tma) {
+                      const cfg::Layout L, int64_t tiles_per_split, bool go_by_tma,
+                      bool edge_steps) {
   extern __shared__ __align__(128) float smem_base[];
   __shared__ uint64_t halo_full[2], b_full[2];
   const int Ho = p.out_h, Wo = p.out_w, KW = p.kernel_w;
@@ -269,10 +274,19 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   // One K tile from B buffer `s`: the rows inside the output, 8 k8 steps
   // each, with the next tile's B (buffer s ^ 1) converted in each row's
   // steps 4..7 (has_next: there is one; its copy is waited for first).
-  // kMask: the tile crosses the right edge (`cols` valid columns).
+  // kMask: the tile crosses the right edge (`cols` valid columns). Only
+  // its first kSteps steps reach a column inside it: the rest, whose
+  // grad_output is zero, issue no wgmma. A compile-time count, as a run-time
+  // test between the wgmmas of a step and its wait makes ptxas serialise
+  // them and spill; even, so that a row's last group has A set 1 while the
+  // next row's first step writes set 0, as in a whole tile. 3xTF32 only:
+  // the TF32 kernels' registers grew with the variants (the four-tile one
+  // spilled), and their targets have the margin.
   auto compute = [&](const float* hb, int s, int64_t i, bool has_next, int valid_rows, int cols,
-                     auto mask_tag) {
+                     auto mask_tag, auto steps_tag) {
     constexpr bool kMask = decltype(mask_tag)::value;
+    constexpr int kSteps = decltype(steps_tag)::value;
+    static_assert(kSteps % 2 == 0 && kSteps <= cfg::kCols / 8, "whole pairs of k8 steps");
     const uint32_t b_addr = smem_addr(stage(s));
     uint32_t a_big[2][MT][4], a_small[kSplit ? 2 : 1][MT][4];
     (void)a_small;
@@ -282,50 +296,53 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 #pragma unroll
       for (int k = 0; k < cfg::kCols / 8; ++k) {
         const int set = k & 1;
-        const bool keep0 = !kMask || 8 * k + tq < cols;
-        const bool keep1 = !kMask || 8 * k + tq + 4 < cols;
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          float v[4] = {hr[off[t][0] + 8 * k], hr[off[t][1] + 8 * k], hr[off[t][0] + 8 * k + 4],
-                        hr[off[t][1] + 8 * k + 4]};
-          if (kMask) {
-            v[0] = keep0 ? v[0] : 0.f;
-            v[1] = keep0 ? v[1] : 0.f;
-            v[2] = keep1 ? v[2] : 0.f;
-            v[3] = keep1 ? v[3] : 0.f;
-          }
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if constexpr (kSplit) {
-              split3(v[e], a_big[set][t][e], a_small[set][t][e]);
-            } else {
-              a_big[set][t][e] = tf32_operand(v[e]);
-            }
-          }
-        }
-        // Step k: 32 bytes into the 128-byte rows of column half k / 4.
-        const uint32_t step_addr = b_addr + r * kRowBytes + (k / 4) * kHalfBytes + (k % 4) * 32;
-        const uint64_t big = wgmma_desc_sw128(step_addr);
-        wgmma_fence();
-        if constexpr (kSplit) {
-          const uint64_t small = wgmma_desc_sw128(step_addr + b_small_bytes);
+        if (k < kSteps) {
+          const bool keep0 = !kMask || 8 * k + tq < cols;
+          const bool keep1 = !kMask || 8 * k + tq + 4 < cols;
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
-            // Restarted every 4 steps.
-            wgmma_m64n64k8_3xtf32(tmp[t], a_big[set][t], a_small[set][t], big, small, k % 4 != 0);
-          }
-        } else {
+            float v[4] = {hr[off[t][0] + 8 * k], hr[off[t][1] + 8 * k], hr[off[t][0] + 8 * k + 4],
+                          hr[off[t][1] + 8 * k + 4]};
+            if (kMask) {
+              v[0] = keep0 ? v[0] : 0.f;
+              v[1] = keep0 ? v[1] : 0.f;
+              v[2] = keep1 ? v[2] : 0.f;
+              v[3] = keep1 ? v[3] : 0.f;
+            }
 #pragma unroll
-          for (int t = 0; t < MT; ++t) wgmma_m64n64k8_tf32(acc[t], a_big[set][t], big, true);
+            for (int e = 0; e < 4; ++e) {
+              if constexpr (kSplit) {
+                split3(v[e], a_big[set][t][e], a_small[set][t][e]);
+              } else {
+                a_big[set][t][e] = tf32_operand(v[e]);
+              }
+            }
+          }
+          // Step k: 32 bytes into the 128-byte rows of column half k / 4.
+          const uint32_t step_addr = b_addr + r * kRowBytes + (k / 4) * kHalfBytes + (k % 4) * 32;
+          const uint64_t big = wgmma_desc_sw128(step_addr);
+          wgmma_fence();
+          if constexpr (kSplit) {
+            const uint64_t small = wgmma_desc_sw128(step_addr + b_small_bytes);
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              // Restarted every 4 steps.
+              wgmma_m64n64k8_3xtf32(tmp[t], a_big[set][t], a_small[set][t], big, small, k % 4 != 0);
+            }
+          } else {
+#pragma unroll
+            for (int t = 0; t < MT; ++t) wgmma_m64n64k8_tf32(acc[t], a_big[set][t], big, true);
+          }
+          wgmma_commit();
         }
-        wgmma_commit();
         if (k >= 4) {
           if (k == 4 && r == 0 && has_next) wait_b(i + 1);
           convert(s ^ 1, 8 * r + 2 * (k - 4));
           convert(s ^ 1, 8 * r + 2 * (k - 4) + 1);
         }
+        if (k >= kSteps) continue;
         if constexpr (kSplit) {
-          if (k % 4 == 3) {
+          if (k % 4 == 3 || k == kSteps - 1) {
             wgmma_wait<0>();
 #pragma unroll
             for (int t = 0; t < MT; ++t) wgmma_add_temporary(acc[t], tmp[t]);
@@ -376,9 +393,15 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     const bool has_next = kt + 1 < kt_end;
     mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
     if (cols >= cfg::kCols) {
-      compute(hb, buf, i, has_next, valid_rows, cols, std::false_type{});
+      compute(hb, buf, i, has_next, valid_rows, cols, std::false_type{}, Steps<8>{});
+    } else if (!kSplit || !edge_steps || cols > 48) {
+      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<8>{});
+    } else if (cols > 32) {
+      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<6>{});
+    } else if (cols > 16) {
+      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<4>{});
     } else {
-      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{});
+      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<2>{});
     }
     fence_proxy_async_smem();  // the next tile's B, stored by the threads
     __syncthreads();  // every lane is done with this halo and B buffer
@@ -444,7 +467,8 @@ void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::
     ensure_dynamic_smem(kernel, L.smem_bytes);
     kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), cfg::kThreads,
              L.smem_bytes, stream>>>(x_map, go_map, p, goa.data_ptr<float>(),
-                                     partial.data_ptr<float>(), L, tiles_per_split, go_by_tma);
+                                     partial.data_ptr<float>(), L, tiles_per_split, go_by_tma,
+                                     wgrad_edge_steps());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   // Tile counts the layout may pick (cfg::max_tiles).
