@@ -758,8 +758,11 @@ inline int64_t dgrad_stage_floats(const ConvParams& p, const Halo& h) {
 inline int64_t dgrad_stage_floats(const ConvParams& p) {
   return dgrad_stage_floats(p, dgrad_halo(p));
 }
+inline int dgrad_stages(const ConvParams& p, const Halo& h) {
+  return 2 * 4 * dgrad_stage_floats(p, h) <= kMaxSmemBytes ? 2 : 1;
+}
 inline int dgrad_stages(const ConvParams& p) {
-  return 2 * 4 * dgrad_stage_floats(p) <= kMaxSmemBytes ? 2 : 1;
+  return dgrad_stages(p, dgrad_halo(p));
 }
 
 // wgrad, narrow: the input halo of one channel for a 32 x 64 output tile.

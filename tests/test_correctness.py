@@ -7,7 +7,7 @@ import torch
 
 import conv2d_ext
 from utils import (DEVICES, HAS_CUDA, hopper_kernels, is_hopper_build, op_switch, precision_of,
-                   reduction_lengths, reference, rel_err, tf32_mode, tolerance)
+                   reduction_lengths, reference, rel_err, tf32_mode, tolerance, wgrad_edge_steps)
 
 # (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation, groups, bias):
 # every specialised kernel size, the generic path, each parameter alone and
@@ -402,7 +402,7 @@ def test_wgrad_edge_steps_same_bits(case):
             algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
             assert algo == "implicit_gemm_sm90", algo
         for on in (True, False):
-            with op_switch("wgrad_edge_steps", on):
+            with wgrad_edge_steps(on):
                 gw = torch.ops.conv2d_ext.conv2d_backward_weight(gy, x, wt_shape, *geometry)
             err = rel_err(gw, ref, reduction_len=length)
             assert err < bound, f"edge steps {on}: relative error {err:.3g} > {bound:.3g}"

@@ -606,8 +606,7 @@ bool wide_tiles(const ConvParams& p) {
         if (!pair_variant<KH, kCi>(th.count, tw.count)) return false;
       }
     const sc::Halo h = sc::dgrad_wide_halo(p);
-    return h.pitch == sc::kDgradWidePitch &&
-           2 * 4 * sc::dgrad_stage_floats(p, h) <= sc::kMaxSmemBytes;
+    return h.pitch == sc::kDgradWidePitch && sc::dgrad_stages(p, h) == 2;
   } else {
     return false;
   }
@@ -616,24 +615,21 @@ bool wide_tiles(const ConvParams& p) {
 template <int KH, int KW, int kCi>
 void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
             bool vec) {
-  sc::Halo h = sc::dgrad_halo(p);
   if constexpr (KH > 0) {
     // Strides and dilations whose halo is wider than the fixed pitch.
-    if (h.pitch != sc::kDgradPitch) return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
+    if (sc::dgrad_halo(p).pitch != sc::kDgradPitch) {
+      return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
+    }
   }
-  int stages = sc::dgrad_stages(p);
-  int64_t stage_floats = sc::dgrad_stage_floats(p);
-  size_t smem = static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : sc::dgrad_smem_bytes(p));
-  int64_t tile_rows = kTileRows, tile_cols = sc::kTileCols;
+  // One tile geometry, its halo and stages (wide_tiles checked two fit).
   const bool wide = wide_tiles<KH, KW, kCi>(p);
-  if (wide) {
-    h = sc::dgrad_wide_halo(p);
-    stages = 2;
-    stage_floats = sc::dgrad_stage_floats(p, h);
-    smem = static_cast<size_t>(2 * 4 * stage_floats);
-    tile_rows = sc::kDgradWideRows;
-    tile_cols = sc::kDgradWideCols;
-  }
+  const sc::Halo h = wide ? sc::dgrad_wide_halo(p) : sc::dgrad_halo(p);
+  const int64_t tile_rows = wide ? sc::kDgradWideRows : kTileRows;
+  const int64_t tile_cols = wide ? sc::kDgradWideCols : sc::kTileCols;
+  const int stages = sc::dgrad_stages(p, h);
+  const int64_t stage_floats = sc::dgrad_stage_floats(p, h);
+  const size_t smem =
+      static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : sc::dgrad_smem_bytes(p, h));
   const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), tile_cols);
   const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), tile_rows) * tiles_w;
   const int64_t phases = p.stride_h * p.stride_w;
