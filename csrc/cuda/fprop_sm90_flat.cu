@@ -56,6 +56,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda.h>
 
+#include <type_traits>
+
 #include "../tile_config.h"
 #include "common.cuh"
 #include "fprop_implicit_gemm.h"
@@ -226,11 +228,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     tma_load_4d(box, &x_map, it.iw0 & ~3, it.ih0, channel, it.n, &halo_full);
   };
   // Rounds chunk c's box to TF32 into its interleaved halo (3xTF32: splits
-  // it into the big and small halos): per step one pixel's 8 channels (two
-  // planes), all eight 4-byte loads issued before the first is used
-  // (consecutive pixels across the warp: conflict-free), then 16-byte
-  // stores. Channels past the group's, which the box may read from the
-  // next group, become zeros.
+  // it into the big and small halos). A pixel is its 8 channels (two
+  // planes): 4-byte loads of consecutive pixels across the warp
+  // (conflict-free), then 16-byte stores. Channels past the group's, which
+  // the box may read from the next group, become zeros.
   auto convert_halo = [&](const Item& it, int chunk, int64_t c) {
     if (!it.valid) return;
     mbarrier_wait(&halo_full, static_cast<uint32_t>(c & 1));
@@ -239,6 +240,10 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     const int c0 = chunk * 8 * L.ksteps;
     const int shift = it.iw0 & 3;
     const int channel_floats = L.halo_rows * box_cols;
+    auto box_at = [&](int i) { return (i >> log2_pitch) * box_cols + (i & (pitch - 1)); };
+    auto halo_pixel = [&](int i) {
+      return kShifts == 1 ? i : row_start(i >> log2_pitch) | (i & (pitch - 1));
+    };
 #pragma unroll 1
     for (int pair = 0; pair < L.ksteps; ++pair) {
       bool ok[8];
@@ -247,31 +252,32 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       const float* src = box + pair * 8 * channel_floats + shift;
       float4* out = dst + 2 * pair * hp;
       float4* out_small = dst_small + 2 * pair * hp;
-      // 3xTF32 splits at a chunk's start, with the pipeline drained: four
-      // pixels per thread in flight at once (their 32 loads first), where
-      // one at a time left c's dgrad latency-bound on the split. TF32 mode
-      // rounds under the wgmmas, next to the accumulators: one.
-      constexpr int kPixels = kSplit ? 4 : 1;
-#pragma unroll 1
-      for (int i0 = threadIdx.x; i0 < box_pixels; i0 += kPixels * cfg::kThreads) {
-        float v[kPixels][8];
+      if constexpr (kSplit) {
+        // 3xTF32 splits at a chunk's start, with the pipeline drained: four
+        // pixels a thread (i0 + u * kThreads), their 32 loads first, and
+        // chains free of predicates, so that the 32 elements interleave
+        // (small's rounding by tf32_operand_fma: a compare per element,
+        // with channel masks held in predicates too, serialised them).
+        // `masked`: channels past the group's; `tail`: pixels past the box
+        // (their loads clamped into it, their stores skipped).
+        auto split4 = [&](auto masked, auto tail, int i0) {
+          float v[4][8];
 #pragma unroll
-        for (int u = 0; u < kPixels; ++u) {
-          const int i = min(i0 + u * cfg::kThreads, box_pixels - 1);  // in the box
-          const int at = (i >> log2_pitch) * box_cols + (i & (pitch - 1));
+          for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * cfg::kThreads;
+            const float* px = src + box_at(tail ? min(i, box_pixels - 1) : i);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[u][e] = src[e * channel_floats + at];
-        }
+            for (int e = 0; e < 8; ++e) v[u][e] = px[e * channel_floats];
+          }
 #pragma unroll
-        for (int u = 0; u < kPixels; ++u) {
-          const int i = i0 + u * cfg::kThreads;
-          if (i >= box_pixels) break;
-          const int o = kShifts == 1 ? i : row_start(i >> log2_pitch) | (i & (pitch - 1));
-          if constexpr (kSplit) {
+          for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * cfg::kThreads;
+            if (tail && i >= box_pixels) break;
+            const int o = halo_pixel(i);
             uint32_t big[8], small[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-              tf32_split<kRoundBig>(ok[e] ? v[u][e] : 0.f, big[e], small[e]);
+              tf32_split_fma<kRoundBig>(!masked || ok[e] ? v[u][e] : 0.f, big[e], small[e]);
             }
             out[o] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]),
                                  __uint_as_float(big[2]), __uint_as_float(big[3]));
@@ -282,13 +288,34 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
             out_small[hp + o] =
                 make_float4(__uint_as_float(small[4]), __uint_as_float(small[5]),
                             __uint_as_float(small[6]), __uint_as_float(small[7]));
-          } else {
-            float r[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) r[e] = ok[e] ? __uint_as_float(tf32_operand(v[u][e])) : 0.f;
-            out[o] = make_float4(r[0], r[1], r[2], r[3]);
-            out[hp + o] = make_float4(r[4], r[5], r[6], r[7]);
           }
+        };
+        constexpr int kStride = 4 * cfg::kThreads;
+        int i0 = threadIdx.x;
+        if (ok[7]) {  // all 8 channels: the common case
+#pragma unroll 1
+          for (; i0 + 3 * cfg::kThreads < box_pixels; i0 += kStride) {
+            split4(std::false_type{}, std::false_type{}, i0);
+          }
+          if (i0 < box_pixels) split4(std::false_type{}, std::true_type{}, i0);
+        } else {
+#pragma unroll 1
+          for (; i0 < box_pixels; i0 += kStride) split4(std::true_type{}, std::true_type{}, i0);
+        }
+      } else {
+        // TF32 mode rounds under the wgmmas, next to the accumulators: a
+        // pixel at a time.
+#pragma unroll 1
+        for (int i = threadIdx.x; i < box_pixels; i += cfg::kThreads) {
+          const float* px = src + box_at(i);
+          float r[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) r[e] = px[e * channel_floats];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) r[e] = ok[e] ? __uint_as_float(tf32_operand(r[e])) : 0.f;
+          const int o = halo_pixel(i);
+          out[o] = make_float4(r[0], r[1], r[2], r[3]);
+          out[hp + o] = make_float4(r[4], r[5], r[6], r[7]);
         }
       }
     }

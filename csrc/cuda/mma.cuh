@@ -26,6 +26,18 @@ __device__ __forceinline__ uint32_t tf32_operand(float x) {
   return isfinite(x) ? bits + 0x1000u : bits;
 }
 
+// tf32_operand without a predicate: half a TF32 ulp (x's sign and leading
+// power of two, times 2^-11) added in floating point, where Inf and NaN
+// stay what they are. For normal x the tensor cores read the same TF32
+// value (a carry into the exponent truncates to the same power of two);
+// subnormal x is left to their truncation. As many instructions as
+// tf32_operand's compare and predicated add, but long runs of these
+// interleave, where the compares queue for the seven predicate registers.
+__device__ __forceinline__ uint32_t tf32_operand_fma(float x) {
+  const float lead = __uint_as_float(__float_as_uint(x) & 0xff800000u);
+  return __float_as_uint(fmaf(lead, 0x1p-11f, x));
+}
+
 // x = big + small, both tensor-core operands: big is x truncated to TF32
 // (kRoundBig: rounded to nearest), an exact TF32 value; small the residual,
 // rounded as an operand. big*big + big*small + small*big misses only
@@ -55,6 +67,14 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& sma
   big = (kRoundBig ? clamped + 0x1000u : clamped) & 0xffffe000u;
   const float rest = x - __uint_as_float(big);
   small = kRoundSmall ? tf32_operand(rest) : __float_as_uint(rest);
+}
+
+// tf32_split with small rounded by tf32_operand_fma: the same operands for
+// every x whose small part is normal or zero.
+template <bool kRoundBig>
+__device__ __forceinline__ void tf32_split_fma(float x, uint32_t& big, uint32_t& small) {
+  tf32_split<kRoundBig, false>(x, big, small);
+  small = tf32_operand_fma(__uint_as_float(small));
 }
 
 // tf32_split of a 16-byte piece of a staged tile.
