@@ -78,6 +78,11 @@ TORCH_LIBRARY(conv2d_ext, m) {
       "_flat_segments(str pass_, Tensor input, Tensor weight, int[2] stride, "
       "int[2] padding, int[2] dilation, int groups) -> int",
       &conv2d_ext::flat_segments);
+  // How that layout's 3xTF32 split walks a box (conv2d_ext::flat_split_rounds).
+  m.def(
+      "_flat_split_rounds(str pass_, Tensor input, Tensor weight, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups) -> int[]",
+      &conv2d_ext::flat_split_rounds);
   // The precision mode ('tf32' or 'ieee') a float32 call would use now.
   m.def("_math_mode() -> str", [] {
     return std::string(

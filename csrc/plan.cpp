@@ -242,6 +242,15 @@ int64_t flat_segments(const std::string& pass, const at::Tensor& input,
   return l && l->smem_bytes != INT64_MAX ? igemm_fprop_flat::segments(*l) : 0;
 }
 
+std::vector<int64_t> flat_split_rounds(const std::string& pass, const at::Tensor& input,
+                                       const at::Tensor& weight, c10::IntArrayRef stride,
+                                       c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                       int64_t groups) {
+  const auto l = flat_layout(pass, input, weight, stride, padding, dilation, groups);
+  if (!l || l->smem_bytes == INT64_MAX) return {0, 0};
+  return {igemm_fprop_flat::split_full_rounds(*l), igemm_fprop_flat::split_tail_pixels(*l)};
+}
+
 bool built_with_sm90a() {
 #ifdef CONV2D_EXT_SM90A
   return true;

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
 #include "conv_params.h"
 
@@ -136,6 +137,14 @@ int64_t flat_row_shifts(const std::string& pass, const at::Tensor& input,
 int64_t flat_segments(const std::string& pass, const at::Tensor& input,
                       const at::Tensor& weight, c10::IntArrayRef stride,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups);
+
+// Tests only: how the 3xTF32 split of that layout walks a chunk's box:
+// {full rounds, pixels left to the tail} (see igemm_fprop_flat::
+// kSplitPixels); {0, 0} where flat_row_shifts is 0.
+std::vector<int64_t> flat_split_rounds(const std::string& pass, const at::Tensor& input,
+                                       const at::Tensor& weight, c10::IntArrayRef stride,
+                                       c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                       int64_t groups);
 
 const char* to_string(Algo algo);
 const char* to_string(MathMode math);

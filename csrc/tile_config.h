@@ -117,6 +117,10 @@ constexpr int kBlocksPerSm = 3;
 constexpr int kSplitBlocksPerSm = 2;
 constexpr int blocks_per_sm_cap(bool split) { return split ? kSplitBlocksPerSm : kBlocksPerSm; }
 constexpr int kStepFloats = kCo * 8;  // one k8 step of weights: [k half][co][4]
+// 3xTF32 splits a chunk's box (halo_rows x P pixels) in rounds of
+// kSplitPixels pixels a thread, 32 loads in flight; a last partial round
+// (the tail) clamps its loads into the box and skips its stores.
+constexpr int kSplitPixels = 4;
 constexpr int64_t kMaxSmemBytes = 200 * 1024;
 constexpr int64_t kSmemPerSm = 228 * 1024;  // sm_90, the only target of this kernel
 constexpr int64_t kSmemReservedPerBlock = 1024 + 128;  // the driver's, and the mbarriers
@@ -280,6 +284,15 @@ inline Layout choose_layout(const ConvParams& p, bool split) {
 inline int segments(const Layout& l) {
   const int stages = l.chunks * (l.tap_rows / l.rows_per_stage);
   return l.segment_stages > 0 ? (stages + l.segment_stages - 1) / l.segment_stages : 1;
+}
+
+// The split's full rounds of a box and the pixels left to its tail, for
+// tests.
+inline int split_full_rounds(const Layout& l) {
+  return (l.halo_rows << l.log2_pitch) / (kSplitPixels * kThreads);
+}
+inline int split_tail_pixels(const Layout& l) {
+  return (l.halo_rows << l.log2_pitch) % (kSplitPixels * kThreads);
 }
 
 inline bool fits(const ConvParams& p, bool split) {

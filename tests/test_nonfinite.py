@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import DEVICES, precision_of, reduction_lengths, reference, rel_err, tolerance
+from utils import (DEVICES, precision_of, reduction_lengths, reference, rel_err, tf32_mode,
+                   tolerance)
 
 INF, NAN = math.inf, math.nan
 
@@ -28,6 +29,11 @@ CASES = {
     # zero grad_output); grad_output rows of 56 (TMA) and 58 (copied) floats.
     "5x9_tc_wide": (1, 8, 9, 64, 64, (5, 9), 1, 0, 1),
     "3x3_tc_wide": (2, 8, 10, 60, 64, (3, 3), 1, 0, 1),
+    # The sm_90 flat forward's 3xTF32 split walks a chunk's box in full
+    # rounds (5x9_tc_pad: only those), then a tail; a partial chunk (12
+    # channels) takes its masked path. test_split_cases_cover_the_split.
+    "5x9_tc_tail": (1, 8, 6, 128, 64, (5, 9), 1, (2, 4), 1),
+    "3x3_tc_masked": (1, 12, 6, 120, 64, (3, 3), 1, 1, 1),
 }
 # NaN weights only without padding: whether a NaN weight meets the zeros of
 # the padding (NaN) or skips them (finite) differs between implementations,
@@ -157,3 +163,23 @@ def test_nonfinite_grad_output_strided(device, precision):
     _, k_dgrad, _ = reduction_lengths(x, w, y)
     _assert_matches("grad_input", gx, refs[1], mags[1], torch.float32,
                     precision_of(torch.float32, device), k_dgrad)
+
+
+def _split_rounds(name):
+    """{full rounds, tail pixels} of the IEEE forward's flat layout."""
+    n, cin, h, w, cout, k, stride, padding, dilation = CASES[name]
+    pair = lambda v: v if isinstance(v, tuple) else (v, v)
+    x, wt = torch.empty(n, cin, h, w), torch.empty(cout, cin, *k)
+    with tf32_mode(False):
+        return torch.ops.conv2d_ext._flat_split_rounds(
+            "forward", x, wt, pair(stride), pair(padding), pair(dilation), 1)
+
+
+def test_split_cases_cover_the_split():
+    """The cases reach every path of the flat kernel's 3xTF32 split with
+    non-finite input (a host decision: checked without a GPU too): a box of
+    full rounds only, one of full rounds and a tail, a partial chunk."""
+    assert _split_rounds("5x9_tc_pad")[0] >= 1 and _split_rounds("5x9_tc_pad")[1] == 0
+    full, tail = _split_rounds("5x9_tc_tail")
+    assert full >= 1 and tail > 0
+    assert _split_rounds("3x3_tc_masked")[0] >= 1 and CASES["3x3_tc_masked"][1] % 8 != 0

@@ -253,24 +253,28 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       float4* out = dst + 2 * pair * hp;
       float4* out_small = dst_small + 2 * pair * hp;
       if constexpr (kSplit) {
-        // 3xTF32 splits at a chunk's start, with the pipeline drained: four
-        // pixels a thread (i0 + u * kThreads), their 32 loads first, and
-        // chains free of predicates, so that the 32 elements interleave
-        // (small's rounding by tf32_operand_fma: a compare per element,
-        // with channel masks held in predicates too, serialised them).
-        // `masked`: channels past the group's; `tail`: pixels past the box
-        // (their loads clamped into it, their stores skipped).
-        auto split4 = [&](auto masked, auto tail, int i0) {
-          float v[4][8];
+        // 3xTF32 splits at a chunk's start, with the pipeline drained, so
+        // its latency is exposed: rounds of kSplitPixels pixels a thread (i0
+        // + u * kThreads), their 32 loads first, and per-element chains free
+        // of predicates, so that the elements interleave. With a compare
+        // per element for small's rounding (tf32_operand) and the channel
+        // masks in predicates too, c's dgrad ran them one after another on
+        // the one predicate register left, 480 instructions a round where
+        // a full round of a full chunk is now 305 (perf-notes, session 13).
+        // `masked`: channels past the group's (a partial chunk); `tail`:
+        // pixels past the box (loads clamped into it, stores skipped).
+        constexpr int kPixels = cfg::kSplitPixels;
+        auto split_round = [&](auto masked, auto tail, int i0) {
+          float v[kPixels][8];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
+          for (int u = 0; u < kPixels; ++u) {
             const int i = i0 + u * cfg::kThreads;
             const float* px = src + box_at(tail ? min(i, box_pixels - 1) : i);
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[u][e] = px[e * channel_floats];
           }
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
+          for (int u = 0; u < kPixels; ++u) {
             const int i = i0 + u * cfg::kThreads;
             if (tail && i >= box_pixels) break;
             const int o = halo_pixel(i);
@@ -290,17 +294,17 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
                             __uint_as_float(small[6]), __uint_as_float(small[7]));
           }
         };
-        constexpr int kStride = 4 * cfg::kThreads;
+        constexpr int kStride = kPixels * cfg::kThreads;
         int i0 = threadIdx.x;
         if (ok[7]) {  // all 8 channels: the common case
 #pragma unroll 1
-          for (; i0 + 3 * cfg::kThreads < box_pixels; i0 += kStride) {
-            split4(std::false_type{}, std::false_type{}, i0);
+          for (; i0 + (kPixels - 1) * cfg::kThreads < box_pixels; i0 += kStride) {
+            split_round(std::false_type{}, std::false_type{}, i0);
           }
-          if (i0 < box_pixels) split4(std::false_type{}, std::true_type{}, i0);
+          if (i0 < box_pixels) split_round(std::false_type{}, std::true_type{}, i0);
         } else {
 #pragma unroll 1
-          for (; i0 < box_pixels; i0 += kStride) split4(std::true_type{}, std::true_type{}, i0);
+          for (; i0 < box_pixels; i0 += kStride) split_round(std::true_type{}, std::true_type{}, i0);
         }
       } else {
         // TF32 mode rounds under the wgmmas, next to the accumulators: a
