@@ -286,6 +286,16 @@ inline int segments(const Layout& l) {
   return l.segment_stages > 0 ? (stages + l.segment_stages - 1) / l.segment_stages : 1;
 }
 
+// Whether every layout of a KH x KW kernel with `shifts` row shifts has
+// one k8 step per tap (ksteps 1): a stage of 8 or more taps (layout() takes
+// all tap rows per stage up to 16 taps, one row beyond). Known at compile
+// time for the specialised sizes (3x3, 5x9), whose 3xTF32 groups of three
+// steps then never straddle a kernel row.
+constexpr bool one_k8_step(int kernel_h, int kernel_w, int shifts) {
+  const int taps = (kernel_h + shifts - 1) * kernel_w;
+  return (taps <= 16 ? taps : kernel_w) >= 8;
+}
+
 // The split's full rounds of a box and the pixels left to its tail, for
 // tests.
 inline int split_full_rounds(const Layout& l) {

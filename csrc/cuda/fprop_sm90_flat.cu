@@ -515,14 +515,40 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         // Steps t .. t + kSteps - 1 (A sets 0 ..): quarter j (positions
         // 64j..64j+63) into tmp[j & 1], small products first, then
         // big*big; each quarter's wait retires and adds the one before it.
+        // A full group of a kernel size with one k8 step per tap and
+        // rows of whole groups (3x3, 5x9) is one run of consecutive taps
+        // of a row: its steps' positions follow from the group's first,
+        // and the row advances once a group, not in a chain of compares
+        // and branches per step (7% of c's dgrad's stall samples).
+        constexpr bool kRowGroups =
+            KH_T > 0 && KW_T > 0 && KW_T % kGroup == 0 && cfg::one_k8_step(KH_T, KW_T, kShifts);
         auto steps = [&](auto count, int t) {
           constexpr int kSteps = decltype(count)::value;
           uint32_t b_addr[kSteps];
+          if constexpr (kRowGroups && kSteps == kGroup) {
 #pragma unroll
-          for (int i = 0; i < kSteps; ++i) {
-            load_a(t + i, a_big[i], a_small[i]);
-            b_addr[i] = halo_addr + 16 * off + 2 * k * plane_bytes;
-            next_step();
+            for (int i = 0; i < kSteps; ++i) {
+              load_a(t + i, a_big[i], a_small[i]);
+              b_addr[i] = halo_addr + 16 * (off + i * dw);
+            }
+            if (kw + kSteps == KW) {  // the row's last group
+              kw = 0;
+              if constexpr (kShifts == 1) {
+                off += (kSteps - 1) * dw + pitch - (KW - 1) * dw;
+              } else {
+                off = row_start(++kr);
+              }
+            } else {
+              kw += kSteps;
+              off += kSteps * dw;
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < kSteps; ++i) {
+              load_a(t + i, a_big[i], a_small[i]);
+              b_addr[i] = halo_addr + 16 * off + 2 * k * plane_bytes;
+              next_step();
+            }
           }
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -675,6 +701,9 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
         launch(fprop_flat_kernel<KH, KW, true, 2, S, true>);
       }
     };
+    TORCH_CHECK(KH == 0 || KW == 0 || !cfg::one_k8_step(KH, KW, L.shifts) || L.ksteps == 1,
+                "conv2d_ext: internal error: a flat layout of several k8 steps per tap where the "
+                "kernel assumes one");
     if constexpr (KH != 1) {
       if (L.shifts == 2) return launch_shifted(Int<2>{});
     }
