@@ -186,6 +186,21 @@ struct Layout {
   int64_t smem_bytes;  // INT64_MAX when nothing fits
 };
 
+// Taps of K per weight stage: all kernel rows of K (KH + S - 1 with S row
+// shifts) up to 16 taps, one row beyond.
+constexpr int64_t stage_taps(int64_t kernel_h, int64_t kernel_w, int64_t shifts) {
+  const int64_t taps = (kernel_h + shifts - 1) * kernel_w;
+  return taps <= 16 ? taps : kernel_w;
+}
+
+// Whether every layout of a KH x KW kernel with `shifts` row shifts has
+// one k8 step per tap (ksteps 1, see layout()): a stage of 8 or more taps.
+// Known at compile time for the specialised sizes (3x3, 5x9), whose
+// 3xTF32 groups of three steps then never straddle a kernel row.
+constexpr bool one_k8_step(int64_t kernel_h, int64_t kernel_w, int64_t shifts) {
+  return stage_taps(kernel_h, kernel_w, shifts) >= 8;
+}
+
 // Rows of a block are oh0 + dilation_h * r (one phase of the rows), so the
 // halo rows a block needs are consecutive in that phase: rows + KH - 1.
 inline Layout layout(const ConvParams& p, int log2_pitch, int shifts) {
@@ -216,21 +231,20 @@ inline Layout layout(const ConvParams& p, int log2_pitch, int shifts) {
   const int64_t halo = shifts * l.plane_rows * pitch + (p.kernel_w - 1) * p.dilation_w;
   l.halo_pixels = static_cast<int>(halo);
   l.tap_rows = static_cast<int>(p.kernel_h + shifts - 1);
-  const int64_t taps = l.tap_rows * p.kernel_w;
-  l.rows_per_stage = taps <= 16 ? l.tap_rows : 1;
-  const int64_t stage_taps = l.rows_per_stage * p.kernel_w;
+  const int64_t taps = stage_taps(p.kernel_h, p.kernel_w, shifts);  // a stage's
+  l.rows_per_stage = static_cast<int>(taps / p.kernel_w);
   // Short stages (1x1) take several k8 steps per chunk so that a stage
-  // holds enough MMAs between barriers.
+  // holds enough MMAs between barriers (none from 8 taps on).
   const int64_t cin_steps = (p.in_channels_per_group() + 7) / 8;
   l.ksteps = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>({(8 + stage_taps - 1) / stage_taps, 4, cin_steps})));
+      1, std::min<int64_t>({(8 + taps - 1) / taps, 4, cin_steps})));
   // One TMA box; two interleaved halos and two weight stages.
   auto staging = [&](int ksteps) {
     return 8 * ksteps * halo_rows * (pitch + kTmaColumnSlack) * 4;
   };
   auto smem = [&](int ksteps) {
     const int64_t halo_bytes = 2 * ksteps * halo * 16;
-    const int64_t weight_bytes = stage_taps * ksteps * kStepFloats * 4;
+    const int64_t weight_bytes = taps * ksteps * kStepFloats * 4;
     return staging(ksteps) + 2 * (halo_bytes + weight_bytes);
   };
   while (l.ksteps > 1 && blocks_per_sm(smem(l.ksteps), false) < 2) --l.ksteps;
@@ -284,16 +298,6 @@ inline Layout choose_layout(const ConvParams& p, bool split) {
 inline int segments(const Layout& l) {
   const int stages = l.chunks * (l.tap_rows / l.rows_per_stage);
   return l.segment_stages > 0 ? (stages + l.segment_stages - 1) / l.segment_stages : 1;
-}
-
-// Whether every layout of a KH x KW kernel with `shifts` row shifts has
-// one k8 step per tap (ksteps 1): a stage of 8 or more taps (layout() takes
-// all tap rows per stage up to 16 taps, one row beyond). Known at compile
-// time for the specialised sizes (3x3, 5x9), whose 3xTF32 groups of three
-// steps then never straddle a kernel row.
-constexpr bool one_k8_step(int kernel_h, int kernel_w, int shifts) {
-  const int taps = (kernel_h + shifts - 1) * kernel_w;
-  return (taps <= 16 ? taps : kernel_w) >= 8;
 }
 
 // The split's full rounds of a box and the pixels left to its tail, for

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, HAS_CUDA, hopper_kernels, is_hopper_build, op_switch, precision_of,
-                   reduction_lengths, reference, rel_err, tf32_mode, tolerance, wgrad_edge_steps)
+from utils import (DEVICES, HAS_CUDA, hopper_kernels, is_hopper_build, op_switch, pair,
+                   precision_of, reduction_lengths, reference, rel_err, tf32_mode, tolerance,
+                   wgrad_edge_steps)
 
 # (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation, groups, bias):
 # every specialised kernel size, the generic path, each parameter alone and
@@ -223,13 +224,9 @@ def test_cuda_sm90_pixels_in_m_kernels(case, precision):
         _run(case, "cuda", torch.float32)
 
 
-def _pair(v):
-    return v if isinstance(v, tuple) else (v, v)
-
-
 def _out_width(case):
     _, _, _, w, _, k, stride, padding, dilation, _, _ = case
-    return (w + 2 * _pair(padding)[1] - _pair(dilation)[1] * (k[1] - 1) - 1) // _pair(stride)[1] + 1
+    return (w + 2 * pair(padding)[1] - pair(dilation)[1] * (k[1] - 1) - 1) // pair(stride)[1] + 1
 
 
 def _flat_takes(width, dilation_h):
@@ -245,15 +242,15 @@ def _wgrad_sm90_takes(case):
     _, _, _, w, _, _, stride, _, dilation, _, _ = case
     out_w = _out_width(case)
     tiles = -(-out_w // 64)
-    return (_pair(stride) == (1, 1) and w % 4 == 0 and _pair(dilation)[0] <= 8
+    return (pair(stride) == (1, 1) and w % 4 == 0 and pair(dilation)[0] <= 8
             and 10 * out_w >= 7 * 64 * tiles)
 
 
 def _dgrad_is_fprop(case):
     """dgrad runs as a forward pass: unit stride, padding <= dilation*(K-1)."""
     _, _, _, _, _, k, stride, padding, dilation, _, _ = case
-    return _pair(stride) == (1, 1) and all(
-        p <= d * (kk - 1) for p, d, kk in zip(_pair(padding), _pair(dilation), k)
+    return pair(stride) == (1, 1) and all(
+        p <= d * (kk - 1) for p, d, kk in zip(pair(padding), pair(dilation), k)
     )
 
 
@@ -266,7 +263,7 @@ def test_row_shift_cases_get_row_shifts(case, precision):
     n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
     x = torch.empty(n, cin, h, w)
     wt = torch.empty(cout, cin // groups, *k)
-    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    geometry = (pair(stride), pair(padding), pair(dilation), groups)
     for pass_ in ("forward", "backward_input"):
         shifts = torch.ops.conv2d_ext._flat_row_shifts(pass_, x, wt, *geometry)
         assert shifts == 2, f"{case} {pass_}: {shifts} row shifts"
@@ -280,7 +277,7 @@ def test_long_k_cases_get_segments(case, pass_):
     n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
     x = torch.empty(n, cin, h, w)
     wt = torch.empty(cout, cin // groups, *k)
-    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    geometry = (pair(stride), pair(padding), pair(dilation), groups)
     with tf32_mode(False):
         segments = torch.ops.conv2d_ext._flat_segments(pass_, x, wt, *geometry)
         assert segments > 1, f"{case} {pass_}: {segments} segments"
@@ -334,9 +331,9 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
         x = torch.empty(n, cin, h, w, device="cuda")
         wt = torch.empty(cout, cin // groups, *k, device="cuda")
-        geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
-        unit_stride = _pair(stride) == (1, 1)
-        dh = _pair(dilation)[0]
+        geometry = (pair(stride), pair(padding), pair(dilation), groups)
+        unit_stride = pair(stride) == (1, 1)
+        dh = pair(dilation)[0]
 
         def expect(width):
             if not hopper:
@@ -352,7 +349,7 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         if _dgrad_is_fprop(case):
             expected = expect(_out_width(case))
         else:  # one forward per stride phase; padding past the reach: direct
-            expected = "dgrad_phases" if _pair(stride) != (1, 1) else "direct"
+            expected = "dgrad_phases" if pair(stride) != (1, 1) else "direct"
         assert algo == expected, f"{case} backward_input: {algo}, expected {expected}"
         # wgrad: wgmma on sm_90 where its tiles take the shape.
         expected = "implicit_gemm_sm90" if hopper and _wgrad_sm90_takes(case) else "implicit_gemm"
@@ -362,7 +359,7 @@ def test_tensor_core_cases_reach_tensor_core_kernels(precision):
         n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
         x = torch.empty(n, cin, h, w, device="cuda")
         wt = torch.empty(cout, cin // groups, *k, device="cuda")
-        geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+        geometry = (pair(stride), pair(padding), pair(dilation), groups)
         assert _wgrad_sm90_takes(case)
         expected = "implicit_gemm_sm90" if hopper else "implicit_gemm"
         algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
@@ -387,10 +384,10 @@ def test_wgrad_edge_steps_same_bits(case):
     which leave every sum as it is."""
     n, cin, h, w, cout, k, stride, padding, dilation, groups, _ = case
     assert _wgrad_sm90_takes(case)
-    geometry = (list(_pair(stride)), list(_pair(padding)), list(_pair(dilation)), groups)
+    geometry = (list(pair(stride)), list(pair(padding)), list(pair(dilation)), groups)
     x = torch.randn(n, cin, h, w, device="cuda")
     wt_shape = [cout, cin // groups, *k]
-    ho = h + 2 * _pair(padding)[0] - _pair(dilation)[0] * (k[0] - 1)  # unit stride
+    ho = h + 2 * pair(padding)[0] - pair(dilation)[0] * (k[0] - 1)  # unit stride
     gy = torch.randn(n, cout, ho, _out_width(case), device="cuda")
     ref = torch.nn.grad.conv2d_weight(x.double(), wt_shape, gy.double(), *geometry)
     length = gy[0, 0].numel() * n

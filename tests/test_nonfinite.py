@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, precision_of, reduction_lengths, reference, rel_err, tf32_mode,
-                   tolerance)
+from utils import (DEVICES, pair, precision_of, reduction_lengths, reference, rel_err,
+                   tf32_mode, tolerance)
 
 INF, NAN = math.inf, math.nan
 
@@ -168,7 +168,6 @@ def test_nonfinite_grad_output_strided(device, precision):
 def _split_rounds(name):
     """{full rounds, tail pixels} of the IEEE forward's flat layout."""
     n, cin, h, w, cout, k, stride, padding, dilation = CASES[name]
-    pair = lambda v: v if isinstance(v, tuple) else (v, v)
     x, wt = torch.empty(n, cin, h, w), torch.empty(cout, cin, *k)
     with tf32_mode(False):
         return torch.ops.conv2d_ext._flat_split_rounds(

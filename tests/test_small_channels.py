@@ -6,8 +6,8 @@ import torch
 import conv2d_ext
 from utils import (DEVICES, cuda_only, few_channel_dgrad_order, few_channel_dgrad_pairs,
                    few_channel_dgrad_tc, few_channel_dgrad_wide, few_channel_wgrad_wgmma,
-                   hopper_kernels, is_hopper_build, precision_of, reduction_lengths, reference,
-                   rel_err, tf32_mode, tolerance)
+                   hopper_kernels, is_hopper_build, pair, precision_of, reduction_lengths,
+                   reference, rel_err, tf32_mode, tolerance)
 
 ops = torch.ops.conv2d_ext
 
@@ -136,13 +136,9 @@ PASSES = ("forward", "backward_input", "backward_weight")
 SMALL_CHANNEL_KERNELS = ("depthwise", "few_channels")
 
 
-def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-
-
 def _geometry(case):
     _, _, _, _, _, _, stride, padding, dilation, groups, _ = case
-    return [list(_pair(stride)), list(_pair(padding)), list(_pair(dilation)), groups]
+    return [list(pair(stride)), list(pair(padding)), list(pair(dilation)), groups]
 
 
 def _expected_kernel(case, pass_, precision):
@@ -174,7 +170,7 @@ def _precisions(x, wt, stride, padding, dilation, groups):
     default = precision_of(x.dtype, x.device.type)
     if x.device.type != "cuda":
         return {p: default for p in PASSES}
-    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    geometry = (pair(stride), pair(padding), pair(dilation), groups)
     return {p: "ieee" if ops._algorithm(p, x, wt, *geometry) in SMALL_CHANNEL_KERNELS else default
             for p in PASSES}
 
@@ -344,7 +340,7 @@ def test_small_channel_cases_reach_their_kernels(precision):
 def _short(case):
     """N*Ho*Wo below the plan's 8192: IEEE-mode wgrad keeps it on FFMA."""
     n, _, h, w, _, (kh, kw), stride, padding, dilation, _, _ = case
-    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     return n * ho * wo < 8192
@@ -420,7 +416,7 @@ def _dgrad_tc(case):
     input channels per group fill 8 to 16 rows, 8 or more output channels
     per group."""
     _, cin, _, _, cout, _, stride, _, _, groups, _ = case
-    sh, sw = _pair(stride)
+    sh, sw = pair(stride)
     return 8 <= sh * sw * (cin // groups) <= 16 and cout // groups >= 8
 
 
@@ -500,7 +496,7 @@ def test_depthwise_same_padding_even_kernel(device, kernel, dilation, precision)
     assert outs[0].shape == x.shape, f"{label}: output shape {tuple(outs[0].shape)}, not {tuple(x.shape)}"
     # The operands the op is called with: the input padded by the odd
     # remainder, then the symmetric part as its padding.
-    total = [d * (kk - 1) for d, kk in zip(_pair(dilation), kernel)]
+    total = [d * (kk - 1) for d, kk in zip(pair(dilation), kernel)]
     padded = torch.empty(2, groups, 13 + total[0] % 2, 18 + total[1] % 2, device=device)
     precisions = _precisions(padded, wt, 1, [t // 2 for t in total], dilation, groups)
     _check(outs, x, wt, b, gy, 1, "same", dilation, groups, precisions, label)

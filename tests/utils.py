@@ -142,6 +142,12 @@ def few_channel_dgrad_wide(enabled):
     return op_switch("few_channel_dgrad_wide", enabled)
 
 
+def pair(v):
+    """A stride, padding or dilation as nn.Conv2d takes it (an int or two)
+    as a pair."""
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
 def wgrad_edge_steps(enabled):
     """The sm_90 IEEE-mode wgrad's skipped k8 steps past the right edge (on,
     the default) or all 8 steps of every K tile (off) for the duration."""

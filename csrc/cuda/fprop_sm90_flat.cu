@@ -470,16 +470,21 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       int kr = within * L.rows_per_stage;
       int off = row_start(kr);
       int kw = 0, k = 0;
+      // To the next row's first tap from tap KW - 1 - `back` of this row
+      // (off).
+      auto next_row = [&](int back) {
+        kw = 0;
+        if constexpr (kShifts == 1) {
+          off += back * dw + pitch - (KW - 1) * dw;
+        } else {
+          off = row_start(++kr);
+        }
+      };
       auto next_step = [&] {
         if (++k == L.ksteps) {
           k = 0;
           if (++kw == KW) {
-            kw = 0;
-            if constexpr (kShifts == 1) {
-              off += pitch - (KW - 1) * dw;
-            } else {
-              off = row_start(++kr);
-            }
+            next_row(0);
           } else {
             off += dw;
           }
@@ -532,12 +537,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
               b_addr[i] = halo_addr + 16 * (off + i * dw);
             }
             if (kw + kSteps == KW) {  // the row's last group
-              kw = 0;
-              if constexpr (kShifts == 1) {
-                off += (kSteps - 1) * dw + pitch - (KW - 1) * dw;
-              } else {
-                off = row_start(++kr);
-              }
+              next_row(kSteps - 1);
             } else {
               kw += kSteps;
               off += kSteps * dw;
