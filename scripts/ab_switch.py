@@ -34,6 +34,7 @@ def main(argv=None):
     parser.add_argument("--shapes", required=True)
     parser.add_argument("--passes", default=",".join(benchmark.PASSES))
     parser.add_argument("--precision", default=",".join(benchmark.PRECISIONS))
+    parser.add_argument("--layout", default="nchw", help="nchw, channels_last or both")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -41,12 +42,13 @@ def main(argv=None):
     shapes = benchmark._csv(args.shapes, list(benchmark.SUITE), "shape")
     passes = benchmark._csv(args.passes, benchmark.PASSES, "pass")
     precisions = benchmark._csv(args.precision, benchmark.PRECISIONS, "precision")
+    layouts = benchmark._csv(args.layout, benchmark.LAYOUTS, "layout")
     device = torch.device(args.device)
     if device.type == "cpu":
         precisions = ["ieee"]  # TF32 is a GPU mode
     setter = getattr(torch.ops.conv2d_ext, f"_set_{args.switch}")
 
-    results = {}  # (shape, pass, precision) -> {state: [records]}
+    results = {}  # (shape, pass, precision, layout) -> {state: [records]}
     initial = setter(False)
     try:
         for r in range(args.rounds):
@@ -54,21 +56,22 @@ def main(argv=None):
                 setter(state)
                 quiet = lambda s: print(f"[round {r + 1}, {args.switch}={int(state)}] {s}",
                                         file=sys.stderr, flush=True)
-                for rec in benchmark.run(shapes, passes, precisions, device, args.quick, quiet):
-                    key = (rec["shape"], rec["pass"], rec["precision"])
+                for rec in benchmark.run(shapes, passes, precisions, device, args.quick, quiet,
+                                         layouts=layouts):
+                    key = (rec["shape"], rec["pass"], rec["precision"], rec["layout"])
                     results.setdefault(key, {False: [], True: []})[state].append(rec)
     finally:
         setter(initial)
 
-    print(f"| shape | pass | prec | ext ms, {args.switch} off | ext ms, on | on / off "
+    print(f"| shape | pass | prec | layout | ext ms, {args.switch} off | ext ms, on | on / off "
           f"| torch ms | err off | err on |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (shape, pass_, prec), sides in results.items():
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (shape, pass_, prec, layout), sides in results.items():
         off = [rec["ext_ms"] for rec in sides[False]]
         on = [rec["ext_ms"] for rec in sides[True]]
         torch_ms = [rec["torch_ms"] for rec in sides[False] + sides[True]]
         ratio = statistics.median(on) / statistics.median(off)
-        print(f"| {shape} | {pass_} | {prec} | {', '.join(f'{t:.3f}' for t in off)} "
+        print(f"| {shape} | {pass_} | {prec} | {layout} | {', '.join(f'{t:.3f}' for t in off)} "
               f"| {', '.join(f'{t:.3f}' for t in on)} | {ratio:.2f} "
               f"| {min(torch_ms):.3f}-{max(torch_ms):.3f} "
               f"| {max(rec['ext_rel_err'] for rec in sides[False]):.2e} "
