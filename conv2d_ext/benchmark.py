@@ -673,7 +673,8 @@ def _header(env):
 def report(results, models=None):
     """The markdown report of a results file (and a models file): best vs
     best per group, the ResNet-50 totals, the models, then every record."""
-    parts = [_header(results) + f" (commit {results.get('commit')}, {results.get('date')})", ""]
+    parts = [_header(results) + f" (commit {results.get('commit')}, {results.get('date')})", "",
+             headline(results, models), ""]
     summary = results.get("summary") or summarize(results["records"])
     for group in GROUPS:
         rows = [s for s in summary if s.get("group") == group and s["shape"] not in ("r50_total", "r50_network")]
@@ -689,6 +690,55 @@ def report(results, models=None):
                   format_models(models["records"]), ""]
     parts += ["## Every record (one layout each)", "", format_table(results["records"]), ""]
     return "\n".join(parts)
+
+
+_PASS_SHORT = {"forward": "fwd", "backward_input": "dgrad", "backward_weight": "wgrad", "step": "step"}
+
+
+def _range(rows):
+    """'lo-hi x (worst: shape pass)' of best-vs-best speedups."""
+    if not rows:
+        return "-"
+    lo, hi = min(rows, key=lambda s: s["speedup"]), max(rows, key=lambda s: s["speedup"])
+    worst = f"{lo['shape']} {_PASS_SHORT.get(lo['pass'], lo['pass'])}" if "pass" in lo else lo.get("model", "")
+    return f"{lo['speedup']:.2f}-{hi['speedup']:.2f}x (lowest: {worst})"
+
+
+def headline(results, models=None):
+    """The README's short table: best-vs-best speedups per group and
+    precision, the lowest named."""
+    summary = results.get("summary") or summarize(results["records"])
+    layers = [s for s in summary if s["shape"] not in ("r50_total", "r50_network")]
+    passes3 = PASSES[:3]
+
+    def pick(precision, names, passes):
+        return [s for s in layers if s["precision"] == precision and s["shape"] in names and s["pass"] in passes]
+
+    def r50_sum(precision):
+        rows = [s for s in summary if s["shape"] == "r50_total" and s["precision"] == precision
+                and s["pass"] in passes3]
+        if len(rows) < 3:
+            return "-"
+        ext, ref = sum(s["ext_ms"] for s in rows), sum(s["torch_ms"] for s in rows)
+        return f"{ref / ext:.2f}x ({ext:.1f} ms against {ref:.1f} ms)"
+
+    other = [n for n in GROUPS["layers"] if n not in MEMORY_BOUND]
+    bound = [n for n in SUITE if n in MEMORY_BOUND]
+    lines = [
+        ("seeds a, b, c: fwd, dgrad, wgrad", lambda p: _range(pick(p, GROUPS["seeds"], passes3))),
+        ("seeds a, b, c: training step", lambda p: _range(pick(p, GROUPS["seeds"], ["step"]))),
+        ("ResNet-50's 23 convolutions: fwd + dgrad + wgrad summed", r50_sum),
+        ("ResNet-50's 23 convolutions: each pass", lambda p: _range(pick(p, RESNET50, passes3))),
+        ("other CNN layers (" + ", ".join(other) + "): every pass",
+         lambda p: _range(pick(p, other, PASSES))),
+        ("memory-bound layers (depthwise, RGB stems): every pass", lambda p: _range(pick(p, bound, PASSES))),
+    ]
+    if models:
+        msum = models.get("summary") or summarize_models(models["records"])
+        lines.append(("whole models, training step (" + ", ".join(dict.fromkeys(s["model"] for s in msum)) + ")",
+                      lambda p: _range([s for s in msum if s["precision"] == p])))
+    rows = [(label, *(fn(p) for p in PRECISIONS)) for label, fn in lines]
+    return _table(("best vs best", "TF32", "IEEE (FP32-accurate)"), rows)
 
 
 def _csv(value, choices, what):
@@ -739,6 +789,8 @@ def main(argv=None):
     parser.add_argument("--report", metavar="RESULTS_JSON",
                         help="print the markdown report of a results file instead of running")
     parser.add_argument("--models-json", metavar="MODELS_JSON", help="with --report: add a --models results file")
+    parser.add_argument("--headline", action="store_true",
+                        help="with --report: only the short best-vs-best table per group (the README's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where to run: cuda (the default when a GPU is visible), cuda:N, or cpu "
                              "(conv2d_ext's CPU path against PyTorch's, on reduced sizes)")
@@ -750,7 +802,7 @@ def main(argv=None):
         if args.models_json:
             with open(args.models_json) as f:
                 models = json.load(f)
-        print(report(results, models))
+        print(headline(results, models) if args.headline else report(results, models))
         return 0
     passes = _csv(args.passes, PASSES, "pass")
     precisions = _csv(args.precision, PRECISIONS, "precision")

@@ -105,6 +105,13 @@ def test_resnet50_totals_need_the_whole_set():
     counts = benchmark.RESNET50_COUNTS
     assert network[0]["ext_ms"] == pytest.approx(sum(counts[n] * (1.0 + i) for i, n in enumerate(names)))
     assert total[0]["worst_speedup"] == pytest.approx(1.0)
+    # The README's line sums the three passes; with only the forward here it has none.
+    line = [r for r in benchmark.headline({"summary": summary}).splitlines() if "summed" in r][0]
+    assert "| -" in line
+    three = [dict(r, **{"pass": p}) for r in records for p in benchmark.PASSES[:3]]
+    line = [r for r in benchmark.headline({"records": three}).splitlines() if "summed" in r][0]
+    n = len(names)
+    assert f"{3 * sum(1.0 + i for i in range(n)):.1f} ms" in line
     # One layer missing: no totals, rather than a sum over part of the set.
     partial = benchmark.summarize([r for r in records if r["shape"] != names[5]])
     assert not [s for s in partial if s["shape"].startswith("r50_t") or s["shape"] == "r50_network"]
@@ -231,6 +238,11 @@ def test_report_from_the_json_files(tmp_path, capsys):
     assert "## layers: best vs best" in text and "rgb_3x5" in text
     assert "## Models" in text and "tiny" in text
     assert "## Every record" in text
+    assert benchmark.main(["--report", str(tmp_path / "bench.json"), "--models-json",
+                           str(tmp_path / "models.json"), "--headline"]) == 0
+    short = capsys.readouterr().out
+    assert "memory-bound layers" in short and "rgb_3x5 fwd" in short and "whole models" in short
+    assert "## Every record" not in short
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
