@@ -6,20 +6,32 @@ Outputs are contiguous NCHW on every backend, so the fake kernels return
 contiguous tensors too.
 """
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 
 def _out_size(size, kernel, stride, pad, dilation):
     return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
 
 
+def _pair(values):
+    # One value stands for both dimensions, as in the C++ ops and PyTorch.
+    return (values[0], values[0]) if len(values) == 1 else values
+
+
+# With the schema's defaults: the dispatcher leaves out trailing arguments
+# that equal them when it calls a Python kernel.
 @torch.library.register_fake("conv2d_ext::conv2d")
-def _conv2d_fake(input, weight, bias, stride, padding, dilation, groups):
+def _conv2d_fake(input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
     torch._check(input.dim() == 4, lambda: f"Expected 4D (batched) input to conv2d_ext::conv2d, got {input.dim()}D")
     torch._check(weight.dim() == 4, lambda: f"Expected 4-dimensional weight, got {weight.dim()}D")
-    n, _, h, w = input.shape
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    n, c, h, w = input.shape
     out_h = _out_size(h, weight.shape[2], stride[0], padding[0], dilation[0])
     out_w = _out_size(w, weight.shape[3], stride[1], padding[1], dilation[1])
-    return input.new_empty((n, weight.shape[0], out_h, out_w))
+    # An input without channels gives an output without any (PyTorch's meta
+    # kernel decides it the same way).
+    out_c = 0 if guard_or_false(c == 0) else weight.shape[0]
+    return input.new_empty((n, out_c, out_h, out_w))
 
 
 @torch.library.register_fake("conv2d_ext::conv2d_backward_input")

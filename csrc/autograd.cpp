@@ -109,7 +109,11 @@ struct Conv2dFunction : torch::autograd::Function<Conv2dFunction> {
     if (ctx->needs_input_grad(1)) grad_weight = geo.wgrad(grad, input, weight.sym_sizes());
     // The bias is an edge only when it was given.
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
-      grad_bias = grad.sum({0, 2, 3});
+      // An input without channels gives an output without any (as
+      // PyTorch's): the bias never reached it, and its gradient is 0.
+      grad_bias = TORCH_GUARD_OR_FALSE(input.sym_size(1).sym_eq(0))
+                      ? at::zeros_symint({weight.sym_size(0)}, grad.options())
+                      : grad.sum({0, 2, 3});
     }
     return grads({grad_input, grad_weight, grad_bias});
   }

@@ -9,9 +9,12 @@
 #include "plan.h"
 
 TORCH_LIBRARY(conv2d_ext, m) {
+  // aten::conv2d's schema and defaults, so that torch.ops calls take the same
+  // arguments as torch.ops.aten.conv2d.
   m.def(
-      "conv2d(Tensor input, Tensor weight, Tensor? bias, SymInt[2] stride, "
-      "SymInt[2] padding, SymInt[2] dilation, SymInt groups) -> Tensor");
+      "conv2d(Tensor input, Tensor weight, Tensor? bias=None, "
+      "SymInt[2] stride=1, SymInt[2] padding=0, SymInt[2] dilation=1, "
+      "SymInt groups=1) -> Tensor");
   // dgrad: the gradient of conv2d with respect to its input.
   m.def(
       "conv2d_backward_input(Tensor grad_output, Tensor weight, "

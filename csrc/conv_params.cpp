@@ -39,40 +39,46 @@ void check_same_device(const char* first_name, const at::Tensor& first,
               second.device(), ")");
 }
 
+// One value of a 2-element geometry argument; a single value stands for
+// both dimensions, as in PyTorch's convolutions (forward and backward).
+int64_t dim_value(const char* name, c10::IntArrayRef values, size_t dim) {
+  TORCH_CHECK(values.size() == 1 || values.size() == 2, "expected ", name,
+              " to be a single integer value or a list of 2 values to match "
+              "the convolution dimensions, but got ",
+              name, "=", values);
+  return values.size() == 1 ? values[0] : values[dim];
+}
+
 // Fills stride, padding, dilation and groups after checking each.
 void set_geometry(ConvParams& p, c10::IntArrayRef stride,
                   c10::IntArrayRef padding, c10::IntArrayRef dilation,
                   int64_t groups) {
-  TORCH_CHECK(stride.size() == 2, "expected stride to have 2 elements, got ",
-              stride.size());
-  TORCH_CHECK(padding.size() == 2, "expected padding to have 2 elements, got ",
-              padding.size());
-  TORCH_CHECK(dilation.size() == 2,
-              "expected dilation to have 2 elements, got ", dilation.size());
-  TORCH_CHECK(stride[0] > 0 && stride[1] > 0,
+  p.stride_h = dim_value("stride", stride, 0);
+  p.stride_w = dim_value("stride", stride, 1);
+  p.pad_h = dim_value("padding", padding, 0);
+  p.pad_w = dim_value("padding", padding, 1);
+  p.dilation_h = dim_value("dilation", dilation, 0);
+  p.dilation_w = dim_value("dilation", dilation, 1);
+  TORCH_CHECK(p.stride_h > 0 && p.stride_w > 0,
               "non-positive stride is not supported");
-  TORCH_CHECK(padding[0] >= 0 && padding[1] >= 0,
+  TORCH_CHECK(p.pad_h >= 0 && p.pad_w >= 0,
               "negative padding is not supported");
-  TORCH_CHECK(dilation[0] > 0 && dilation[1] > 0,
+  TORCH_CHECK(p.dilation_h > 0 && p.dilation_w > 0,
               "dilation should be greater than zero");
   TORCH_CHECK(groups > 0, "non-positive groups is not supported");
-  p.stride_h = stride[0];
-  p.stride_w = stride[1];
-  p.pad_h = padding[0];
-  p.pad_w = padding[1];
-  p.dilation_h = dilation[0];
-  p.dilation_w = dilation[1];
   p.groups = groups;
 }
 
 // Checks that the weight fits the input's channels and padded extent, then
-// derives the output extent. `input_size` is [N, C, H, W].
+// derives the output extent. `input_size` is [N, C, H, W]. The weight's
+// checks run in PyTorch's order, so that the first failing one gives
+// PyTorch's message.
 void set_shapes(ConvParams& p, c10::IntArrayRef input_size,
                 c10::IntArrayRef weight_size) {
-  TORCH_CHECK(weight_size[2] > 0 && weight_size[3] > 0,
-              "kernel size should be greater than zero, but got weight of "
-              "size ",
-              weight_size);
+  TORCH_CHECK(weight_size[0] >= p.groups, "Given groups=", p.groups,
+              ", expected weight to be at least ", p.groups,
+              " at dimension 0, but got weight of size ", weight_size,
+              " instead");
   TORCH_CHECK(weight_size[0] % p.groups == 0, "Given groups=", p.groups,
               ", expected weight to be divisible by ", p.groups,
               " at dimension 0, but got weight of size ", weight_size,
@@ -82,7 +88,14 @@ void set_shapes(ConvParams& p, c10::IntArrayRef input_size,
               ", expected input", input_size, " to have ",
               weight_size[1] * p.groups, " channels, but got ", input_size[1],
               " channels instead");
-  TORCH_CHECK(input_size[2] > 0 && input_size[3] > 0,
+  // An input without channels runs no kernel (its output is empty, see
+  // below): PyTorch, which then runs none either, skips these two checks.
+  const bool no_channels = input_size[1] == 0;
+  TORCH_CHECK(no_channels || (weight_size[2] > 0 && weight_size[3] > 0),
+              "kernel size should be greater than zero, but got weight of "
+              "size ",
+              weight_size);
+  TORCH_CHECK(no_channels || (input_size[2] > 0 && input_size[3] > 0),
               "Expected input's non-batch dimensions to have positive length, "
               "but input has a shape of ",
               input_size);
@@ -90,7 +103,9 @@ void set_shapes(ConvParams& p, c10::IntArrayRef input_size,
   p.in_channels = input_size[1];
   p.in_h = input_size[2];
   p.in_w = input_size[3];
-  p.out_channels = weight_size[0];
+  // As PyTorch (its path for empty inputs): an input without channels
+  // gives an output without channels, whatever the weight's dimension 0.
+  p.out_channels = no_channels ? 0 : weight_size[0];
   p.kernel_h = weight_size[2];
   p.kernel_w = weight_size[3];
   const int64_t padded_h = p.in_h + 2 * p.pad_h;
@@ -118,14 +133,14 @@ void set_shapes(ConvParams& p, c10::IntArrayRef input_size,
               " or more elements is not supported (input ", p.in_h, "x",
               p.in_w, ", output ", p.out_h, "x", p.out_w, ")");
   TORCH_CHECK(p.batch < kMaxIndex32 && p.in_channels < kMaxIndex32 &&
-                  p.out_channels < kMaxIndex32,
+                  weight_size[0] < kMaxIndex32,
               "conv2d_ext: a batch or channel count of ", kMaxIndex32,
               " or more is not supported (input", input_size, ", weight",
               weight_size, ")");
   // Every factor is below 2^31 here, and each partial product is checked
   // before the next multiplication, so nothing overflows int64.
   int64_t weight_numel = 1;
-  for (const int64_t d : {p.out_channels, weight_size[1], p.kernel_h,
+  for (const int64_t d : {weight_size[0], weight_size[1], p.kernel_h,
                           p.kernel_w}) {
     weight_numel *= d;
     TORCH_CHECK(weight_numel < kMaxIndex32, "conv2d_ext: a weight of ",
@@ -183,9 +198,9 @@ ConvParams make_fprop_params(const at::Tensor& input, const at::Tensor& weight,
   if (bias.has_value() && bias->defined()) {
     check_same_dtype("Input", input, "bias", *bias);
     check_same_device("input", input, "bias", *bias);
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == p.out_channels,
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0),
                 "Given weight of size ", weight.sizes(),
-                ", expected bias to be 1-dimensional with ", p.out_channels,
+                ", expected bias to be 1-dimensional with ", weight.size(0),
                 " elements, but got bias of size ", bias->sizes(),
                 " instead");
   }

@@ -27,6 +27,9 @@ constexpr int64_t kMaxIndex32 = (int64_t(1) << 31) - (int64_t(1) << 16);
 struct ConvParams {
   int64_t batch = 0;
   int64_t in_channels = 0, in_h = 0, in_w = 0;
+  // The output's channels: the weight's dimension 0, or 0 when in_channels
+  // is (PyTorch's output shape; such a problem runs no kernel, and its
+  // kernel extents may then be 0).
   int64_t out_channels = 0, out_h = 0, out_w = 0;
   int64_t kernel_h = 0, kernel_w = 0;
   int64_t stride_h = 1, stride_w = 1;

@@ -64,6 +64,31 @@ def test_channels_mismatch():
         conv(x_(1, 3, 8, 8), x_(2, 4, 3, 3))
 
 
+@pytest.mark.parametrize("batch", [2, 0])
+def test_fewer_out_channels_than_groups(batch):
+    # Checked before the channels: [0, 4, 3, 3] fits no input either.
+    for weight, groups in (((0, 3, 3, 3), 1), ((0, 4, 3, 3), 1), ((1, 3, 3, 3), 2)):
+        message = (f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, "
+                   f"but got weight of size {list(weight)} instead")
+        x, w = x_(batch, 3 * groups, 8, 8), x_(*weight)
+        for fn in (torch.nn.functional.conv2d, conv, torch.ops.conv2d_ext.conv2d):
+            with raises(message):
+                fn(x, w, None, [1, 1], [0, 0], [1, 1], groups)
+
+
+def test_backward_ops_fewer_out_channels_than_groups():
+    # As aten::convolution_backward, whose message this compares with.
+    gy, x, w = x_(2, 0, 6, 6), x_(2, 3, 8, 8), x_(0, 3, 3, 3)
+    geometry = ([1, 1], [0, 0], [1, 1], 1)
+    message = "Given groups=1, expected weight to be at least 1 at dimension 0, but got weight of size [0, 3, 3, 3]"
+    with raises(message):
+        torch.ops.aten.convolution_backward(gy, x, w, None, *geometry[:3], False, [0, 0], 1, [True, True, False])
+    with raises(message):
+        torch.ops.conv2d_ext.conv2d_backward_input(gy, w, list(x.shape), *geometry)
+    with raises(message):
+        torch.ops.conv2d_ext.conv2d_backward_weight(gy, x, list(w.shape), *geometry)
+
+
 def test_groups_not_dividing_out_channels():
     with raises("Given groups=2, expected weight to be divisible by 2 at dimension 0"):
         conv(x_(1, 4, 8, 8), x_(3, 2, 3, 3), groups=2)
