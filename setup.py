@@ -1,25 +1,48 @@
 """Builds conv2d_ext's binary module ahead of time.
 
-With a CUDA toolkit (found by torch.utils.cpp_extension) the CPU and CUDA
-kernels are built; without one, a CPU-only module with a warning.
-Honours TORCH_CUDA_ARCH_LIST and MAX_JOBS as every torch extension does;
+With a CUDA toolkit the CPU and CUDA kernels are built; without one, a
+CPU-only module with a warning. The toolkit: CUDA_HOME (or CUDA_PATH) if
+set, else the first of the nvcc on PATH, /usr/local/cuda, /usr/local/cuda-*
+(newest first) that has bin/nvcc and include/cuda_runtime.h. The CUDA
+runtime to link: the toolkit's lib64 or lib, else the one torch's nvidia
+packages carry.
+
+Architectures: TORCH_CUDA_ARCH_LIST if set (each entry checked against
+`nvcc --list-gpu-arch`); else CONV2D_EXT_ARCHS=all builds every one of
+WHEEL_ARCHS that nvcc supports (the wheels); else the visible GPUs'; else,
+with no GPU visible, DEFAULT_ARCHS. A 9.0 is built as sm_90a (Hopper's
+wgmma kernels). MAX_JOBS is honoured as by every torch extension;
 CONV2D_EXT_CPU_ONLY=1 forces the CPU-only build.
+
+Setting-up errors stop the build at once with what to set, before anything
+compiles. setup() runs only when this file is run as a script (pip and
+build run it so), so tests can import the functions.
 """
 import glob
 import os
 import re
+import shutil
+import subprocess
 import sys
 import warnings
 
-import torch
-from setuptools import find_packages, setup
-from torch.utils import cpp_extension
-
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PKG = "conv2d_ext"
-# Architectures when TORCH_CUDA_ARCH_LIST is unset and no GPU is visible:
-# Volta to Hopper as machine code, PTX for newer GPUs.
-DEFAULT_ARCHS = "7.0;7.5;8.0;8.6;8.9;9.0+PTX"
+# Without TORCH_CUDA_ARCH_LIST and a visible GPU: sm_80 runs on every Ampere
+# and Ada GPU, sm_90a on Hopper, compute_90 PTX (+PTX goes on the last one
+# nvcc supports) JIT-compiles for newer GPUs. Short enough to build in CI.
+DEFAULT_ARCHS = ("8.0", "9.0")
+# CONV2D_EXT_ARCHS=all (the wheels): Volta to Hopper as machine code, those
+# the installed nvcc supports (CUDA 13 has no sm_70).
+WHEEL_ARCHS = ("7.0", "7.5", "8.0", "8.6", "8.9", "9.0")
+# torch's names for architecture groups, as TORCH_CUDA_ARCH_LIST accepts them.
+NAMED_ARCHS = {
+    "Kepler+Tesla": "3.7", "Kepler": "3.5+PTX", "Maxwell+Tegra": "5.3",
+    "Maxwell": "5.0;5.2+PTX", "Pascal": "6.0;6.1+PTX", "Volta+Tegra": "7.2",
+    "Volta": "7.0+PTX", "Turing": "7.5+PTX", "Ampere+Tegra": "8.7",
+    "Ampere": "8.0;8.6+PTX", "Ada": "8.9+PTX", "Hopper": "9.0+PTX",
+    "Blackwell+Tegra": "11.0", "Blackwell": "10.0;10.3;12.0;12.1+PTX", "Rubin": "10.7+PTX",
+}
 
 
 def read_version():
@@ -32,42 +55,168 @@ def read_version():
 
 
 def torch_minor():
+    import torch
+
     return ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
-def use_cuda():
-    if os.environ.get("CONV2D_EXT_CPU_ONLY", "0") == "1":
-        return False
-    if torch.version.cuda is None:
-        warnings.warn("conv2d_ext: this torch has no CUDA support; building the CPU-only module")
-        return False
-    if cpp_extension.CUDA_HOME is None:
-        warnings.warn("conv2d_ext: no CUDA toolkit found (set CUDA_HOME); building the CPU-only module")
-        return False
-    return True
+# --- the CUDA toolkit and runtime ------------------------------------------
 
 
-def nvidia_wheel_includes():
-    """Header folders of the nvidia-* wheels that torch depends on.
-
-    ATen's CUDA headers include cuBLAS and cuSPARSE headers, which a bare
-    toolkit may lack; torch's own pip dependencies carry them."""
-    dirs = []
-    for base in sys.path:
-        for inc in glob.glob(os.path.join(base, "nvidia", "*", "include")):
-            if os.path.exists(os.path.join(inc, "cublas_v2.h")) and inc not in dirs:
-                dirs.append(inc)
-    return dirs
+def is_toolkit(root):
+    return os.path.isfile(os.path.join(root, "bin", "nvcc")) and os.path.isfile(
+        os.path.join(root, "include", "cuda_runtime.h"))
 
 
-def write_build_info(with_cuda, archs):
-    """Records what this binary was built against, for the import check."""
-    cuda = torch.version.cuda if with_cuda else None
-    with open(os.path.join(ROOT, PKG, "_build_info.py"), "w") as f:
-        f.write("# Written by setup.py at build time.\n")
-        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
-        f.write(f"CUDA_VERSION = {cuda!r}\n")
-        f.write(f"CUDA_ARCHS = {archs!r}\n")
+def _version_key(path):
+    return tuple(int(n) for n in re.findall(r"\d+", os.path.basename(path)))
+
+
+def find_cuda_home(environ=os.environ, prefix="/usr/local"):
+    """The toolkit's root, or None when there is none at all.
+
+    torch guesses the root from the nvcc on PATH, which for a wrapper script
+    (/usr/local/bin/nvcc) is a folder without headers or libraries, and the
+    build then fails at the link, after compiling everything. So a set
+    CUDA_HOME/CUDA_PATH is checked, and candidates are accepted only with
+    bin/nvcc and include/cuda_runtime.h."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        root = environ.get(var)
+        if root:
+            if not is_toolkit(root):
+                missing = [p for p in ("bin/nvcc", "include/cuda_runtime.h")
+                           if not os.path.isfile(os.path.join(root, p))]
+                raise SystemExit(
+                    f"conv2d_ext: {var}={root} is not a CUDA toolkit: it has no {' and no '.join(missing)}. "
+                    f"Set {var} to the toolkit's root (the folder with bin/nvcc and include/), "
+                    "or CONV2D_EXT_CPU_ONLY=1 for the CPU-only module.")
+            return root
+    candidates = []
+    nvcc = shutil.which("nvcc", path=environ.get("PATH"))
+    if nvcc:
+        for path in (os.path.realpath(nvcc), os.path.abspath(nvcc)):
+            candidates.append(os.path.dirname(os.path.dirname(path)))
+    candidates.append(os.path.join(prefix, "cuda"))
+    candidates += sorted(glob.glob(os.path.join(prefix, "cuda-*")), key=_version_key, reverse=True)
+    for root in candidates:
+        if is_toolkit(root):
+            return root
+    if nvcc:
+        raise SystemExit(
+            f"conv2d_ext: there is an nvcc on PATH ({nvcc}), but no CUDA toolkit (bin/nvcc and "
+            f"include/cuda_runtime.h) at its root nor in {prefix}/cuda or {prefix}/cuda-*. "
+            "Set CUDA_HOME to the toolkit's root, or CONV2D_EXT_CPU_ONLY=1 for the CPU-only module.")
+    return None
+
+
+def find_cudart(cuda_home, cuda_major, search_paths=None):
+    """Where the CUDA runtime to link against is: (folder, name), name None
+    when -lcudart finds it there, else the versioned file to link by name.
+
+    A toolkit installed for compiling only may lack libcudart.so; torch's
+    nvidia packages carry the runtime it loads (libcudart.so.<major>)."""
+    for sub in ("lib64", "lib", os.path.join("lib", "x64")):
+        folder = os.path.join(cuda_home, sub)
+        if os.path.exists(os.path.join(folder, "libcudart.so")):
+            return folder, None
+    for base in sys.path if search_paths is None else search_paths:
+        for folder in sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib"))):
+            if os.path.exists(os.path.join(folder, "libcudart.so")):
+                return folder, None
+            versioned = os.path.join(folder, f"libcudart.so.{cuda_major}")
+            if os.path.exists(versioned):
+                return folder, os.path.basename(versioned)
+    raise SystemExit(
+        f"conv2d_ext: no CUDA runtime to link against: no libcudart.so in {cuda_home}/lib64 or "
+        f"{cuda_home}/lib, nor a libcudart.so.{cuda_major} in torch's nvidia packages. Install the "
+        "toolkit's runtime (e.g. the cuda-cudart-dev package), set CUDA_HOME to a complete toolkit, "
+        "or CONV2D_EXT_CPU_ONLY=1 for the CPU-only module.")
+
+
+# --- GPU architectures -----------------------------------------------------
+
+
+def nvcc_archs(nvcc):
+    """The compute capabilities nvcc compiles for, as "75", "90", ...; None
+    when this nvcc cannot list them."""
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return set(re.findall(r"compute_(\d+)", out)) or None
+
+
+def arch_number(entry):
+    """"9.0a+PTX" -> "90": what nvcc's compute_XX needs to exist."""
+    return entry.partition("+")[0].replace(".", "").rstrip("af")
+
+
+def parse_arch_list(text):
+    text = text.replace(" ", ";")
+    for name, archs in NAMED_ARCHS.items():  # combined names come first
+        text = text.replace(name, archs)
+    return [e for e in text.split(";") if e]
+
+
+def with_ptx_on_last(archs):
+    return archs[:-1] + [archs[-1] + "+PTX"] if archs else archs
+
+
+def select_archs(candidates, supported):
+    """The candidates nvcc supports, +PTX on the last."""
+    archs = [a for a in candidates if supported is None or arch_number(a) in supported]
+    if not archs:
+        raise SystemExit(
+            f"conv2d_ext: this nvcc supports none of {', '.join(candidates)} "
+            f"(it lists compute_{', compute_'.join(sorted(supported, key=int))}); "
+            "set TORCH_CUDA_ARCH_LIST.")
+    return with_ptx_on_last(archs)
+
+
+def gpu_archs(capabilities, supported):
+    """The visible GPUs' architectures. A GPU newer than nvcc gets the newest
+    architecture nvcc has below it, as PTX it can JIT-compile."""
+    archs = []
+    for major, minor in sorted(set(capabilities)):
+        arch = f"{major}.{minor}"
+        if supported is not None and arch_number(arch) not in supported:
+            older = [int(n) for n in supported if int(n) < major * 10 + minor]
+            if not older:
+                raise SystemExit(f"conv2d_ext: this nvcc cannot compile for the visible GPU ({arch}).")
+            n = max(older)
+            arch = f"{n // 10}.{n % 10}+PTX"
+        if arch not in archs:
+            archs.append(arch)
+    return archs
+
+
+def resolve_archs(environ, supported, capabilities):
+    """The TORCH_CUDA_ARCH_LIST to build, and where it came from.
+
+    supported: nvcc's compute capabilities (nvcc_archs), or None if
+    unknown; capabilities: the visible GPUs' (major, minor)."""
+    explicit = environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    mode = environ.get("CONV2D_EXT_ARCHS", "")
+    if mode not in ("", "all"):
+        raise SystemExit(f"conv2d_ext: CONV2D_EXT_ARCHS={mode!r}: expected 'all' or nothing.")
+    if explicit and explicit != "native":
+        archs = parse_arch_list(explicit)
+        bad = [a for a in archs if supported is not None and arch_number(a) not in supported]
+        malformed = [a for a in archs if not re.fullmatch(r"\d+\.\d+[af]?(\+PTX)?", a)]
+        if bad or malformed:
+            raise SystemExit(
+                f"conv2d_ext: TORCH_CUDA_ARCH_LIST={explicit!r} names "
+                f"{', '.join(dict.fromkeys(malformed + bad))}, which this nvcc cannot compile for; "
+                f"it supports {', '.join(f'{int(n) // 10}.{int(n) % 10}' for n in sorted(supported or [], key=int))}"
+                " (entries like 8.0, 9.0+PTX). Change TORCH_CUDA_ARCH_LIST, or unset it for the default.")
+        return ";".join(archs), "TORCH_CUDA_ARCH_LIST"
+    if mode == "all" and not explicit:
+        return ";".join(select_archs(WHEEL_ARCHS, supported)), "CONV2D_EXT_ARCHS=all"
+    if capabilities:
+        return ";".join(gpu_archs(capabilities, supported)), "the visible GPUs"
+    if explicit == "native":
+        raise SystemExit("conv2d_ext: TORCH_CUDA_ARCH_LIST=native, but no GPU is visible; name the architectures.")
+    return ";".join(select_archs(DEFAULT_ARCHS, supported)), "the default without a visible GPU"
 
 
 def hopper_arch_flags(archs):
@@ -92,20 +241,77 @@ def hopper_arch_flags(archs):
     return flags
 
 
+# --- the extension ---------------------------------------------------------
+
+
+def cuda_home_or_none():
+    """The toolkit to build with (exported as CUDA_HOME before torch's
+    cpp_extension reads it at import), or None for the CPU-only module."""
+    import torch
+
+    if os.environ.get("CONV2D_EXT_CPU_ONLY", "0") == "1":
+        return None
+    if torch.version.cuda is None:
+        warnings.warn("conv2d_ext: this torch has no CUDA support; building the CPU-only module")
+        return None
+    explicit = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    root = find_cuda_home()
+    if root is None:
+        warnings.warn("conv2d_ext: no CUDA toolkit found (set CUDA_HOME); building the CPU-only module")
+        return None
+    if not explicit:
+        os.environ["CUDA_HOME"] = root
+        print(f"conv2d_ext: using the CUDA toolkit in {root} (set CUDA_HOME to choose another)")
+    return root
+
+
+def nvidia_wheel_includes():
+    """Header folders of the nvidia-* wheels that torch depends on.
+
+    ATen's CUDA headers include cuBLAS and cuSPARSE headers, which a bare
+    toolkit may lack; torch's own pip dependencies carry them."""
+    dirs = []
+    for base in sys.path:
+        for inc in glob.glob(os.path.join(base, "nvidia", "*", "include")):
+            if os.path.exists(os.path.join(inc, "cublas_v2.h")) and inc not in dirs:
+                dirs.append(inc)
+    return dirs
+
+
+def write_build_info(with_cuda, archs):
+    """Records what this binary was built against, for the import check."""
+    import torch
+
+    cuda = torch.version.cuda if with_cuda else None
+    with open(os.path.join(ROOT, PKG, "_build_info.py"), "w") as f:
+        f.write("# Written by setup.py at build time.\n")
+        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+        f.write(f"CUDA_VERSION = {cuda!r}\n")
+        f.write(f"CUDA_ARCHS = {archs!r}\n")
+
+
 def make_extension():
-    with_cuda = use_cuda()
+    cuda_home = cuda_home_or_none()
+    import torch
+    from torch.utils import cpp_extension  # reads CUDA_HOME at import
+
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
     # py_limited_api=True makes torch define Py_LIMITED_API (CPython 3.10);
     # the wheel tag below must match it.
     cxx_flags = ["-O3"]
-    if not with_cuda:
+    if cuda_home is None:
         write_build_info(False, None)
         return cpp_extension.CppExtension(
             f"{PKG}._C", sources, extra_compile_args={"cxx": cxx_flags}, py_limited_api=True
         )
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
-        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
-    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "native")
+    cuda_major = torch.version.cuda.split(".")[0]
+    cudart_dir, cudart_file = find_cudart(cuda_home, cuda_major)
+    capabilities = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    archs, source = resolve_archs(os.environ, nvcc_archs(os.path.join(cuda_home, "bin", "nvcc")), capabilities)
+    # torch builds this list where hopper_arch_flags gives no flags.
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    print(f"conv2d_ext: building for CUDA architectures {archs} ({source})")
     write_build_info(True, archs)
     sources += sorted(glob.glob("csrc/cuda/*.cu"))
     nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
@@ -114,24 +320,58 @@ def make_extension():
         nvcc_flags += arch_flags
         cxx_flags.append("-DCONV2D_EXT_SM90A")
         nvcc_flags.append("-DCONV2D_EXT_SM90A")
-    return cpp_extension.CUDAExtension(
+    ext = cpp_extension.CUDAExtension(
         f"{PKG}._C",
         sources,
         include_dirs=nvidia_wheel_includes(),
+        library_dirs=[cudart_dir],
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
         py_limited_api=True,
     )
+    if cudart_file:
+        # Only libcudart.so.<major> exists there: link it by file name
+        # (CUDAExtension's -lcudart would look for libcudart.so).
+        ext.libraries.remove("cudart")
+        ext.extra_link_args = list(ext.extra_link_args or []) + [f"-l:{cudart_file}"]
+    return ext
 
 
-setup(
-    name=PKG,
-    version=read_version(),
-    description="Fast 2-D convolution for PyTorch: forward, dgrad and wgrad CUDA kernels",
-    packages=find_packages(include=[PKG, f"{PKG}.*"]),
-    ext_modules=[make_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
-    options={"bdist_wheel": {"py_limited_api": "cp310"}},
-    python_requires=">=3.10",
-    # The binary works only with the torch minor it was built against.
-    install_requires=[f"torch=={torch_minor()}.*"],
-)
+def build_ext_class():
+    from torch.utils import cpp_extension
+
+    class BuildExtension(cpp_extension.BuildExtension):
+        def finalize_options(self):
+            super().finalize_options()
+            # pip's editable build compiles in a temporary folder that it
+            # deletes, even after a failure; in build/ a rerun compiles only
+            # what changed.
+            if getattr(self, "editable_mode", False):
+                self.build_temp = os.path.join(ROOT, "build", "temp-editable")
+
+    return BuildExtension
+
+
+def main():
+    from setuptools import find_packages, setup
+
+    ext = make_extension()  # first: it exports CUDA_HOME for cpp_extension
+    setup(
+        name=PKG,
+        version=read_version(),
+        description="Fast 2-D convolution for PyTorch: forward, dgrad and wgrad CUDA kernels",
+        packages=find_packages(include=[PKG, f"{PKG}.*"]),
+        ext_modules=[ext],
+        cmdclass={"build_ext": build_ext_class()},
+        options={"bdist_wheel": {"py_limited_api": "cp310"}},
+        python_requires=">=3.10",
+        # The binary works only with the torch minor it was built against.
+        install_requires=[f"torch=={torch_minor()}.*"],
+        extras_require={
+            "test": ["pytest", "hypothesis", "expecttest", "numpy"],
+            "benchmark": ["torchvision"],
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
