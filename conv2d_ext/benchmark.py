@@ -786,6 +786,8 @@ def main(argv=None):
                         help="time whole-model training steps instead of layers (needs torchvision)")
     parser.add_argument("--model", default=",".join(MODELS), help="models for --models; comma-separated")
     parser.add_argument("--json", metavar="PATH", help="write the records, summary and environment as JSON")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --json: keep the shapes (models) that file already holds whole, run the rest")
     parser.add_argument("--report", metavar="RESULTS_JSON",
                         help="print the markdown report of a results file instead of running")
     parser.add_argument("--models-json", metavar="MODELS_JSON", help="with --report: add a --models results file")
@@ -815,28 +817,56 @@ def main(argv=None):
     env = environment(device)
     print(_header(env), file=sys.stderr)
     progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    # Each shape (model) is run whole and the file rewritten after it, so a
+    # run cut short keeps what it finished, and --resume carries on from it.
+    key, per_item = ("model", len(precisions) * len(layouts)) if args.models else \
+        ("shape", len(passes) * len(precisions) * len(layouts))
+    records = []
+    if args.resume and args.json and os.path.exists(args.json):
+        with open(args.json) as f:
+            previous = json.load(f)
+        counts = {}
+        for r in previous["records"]:
+            counts[r[key]] = counts.get(r[key], 0) + 1
+        done = {item for item, n in counts.items() if n == per_item}
+        records = [r for r in previous["records"] if r[key] in done]
+        env = {k: v for k, v in previous.items() if k not in ("summary", "records")}
+        env["resumed"] = env.get("resumed", 0) + 1
+        progress(f"resuming {args.json}: {len(done)} {key}s done")
+    else:
+        done = set()
     if args.models:
         builders = _torchvision_models()
-        names = _csv(args.model, list(MODELS), "model")
-        records = run_models({n: builders[n] for n in names}, precisions, device, args.quick, progress, layouts)
-        summary = summarize_models(records)
+        items = [n for n in _csv(args.model, list(MODELS), "model") if n not in done]
+        summarize_fn = summarize_models
+        env["timing"] = "steps back to back"
+
+        def run_one(name):
+            return run_models({name: builders[name]}, precisions, device, args.quick, progress, layouts)
+    else:
+        items = [n for n in shapes if n not in done]
+        summarize_fn = summarize
+        env["timing"] = args.timing if device.type == "cuda" else "wall"
+
+        def run_one(name):
+            return run([name], passes, precisions, device, args.quick, progress=progress, timing=args.timing,
+                       layouts=layouts)
+    for item in items:
+        records += run_one(item)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({**env, "summary": summarize_fn(records), "records": records}, f, indent=1)
+    summary = summarize_fn(records)
+    if args.models:
         print(format_models_summary(summary))
         print()
         print(format_models(records))
-        env["timing"] = "steps back to back"
     else:
-        env["timing"] = args.timing if device.type == "cuda" else "wall"
-        records = run(shapes, passes, precisions, device, args.quick, progress=progress, timing=args.timing,
-                      layouts=layouts)
-        summary = summarize(records)
         print(format_summary(summary))
         totals = format_totals(summary)
         if totals:
             print()
             print(totals)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**env, "summary": summary, "records": records}, f, indent=1)
     return 0
 
 

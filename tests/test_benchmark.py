@@ -261,3 +261,25 @@ def test_gpu_timing_hides_the_host():
     call = benchmark.time_ms(slow_host, [(x,)], device, 1, 5, 10.0, timing="call")
     assert call > 3.0
     assert gpu < 1.0
+
+
+def test_resume_runs_only_what_the_file_lacks(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = ["--device", "cpu", "--quick", "--json", str(out), "--passes", "forward"]
+    assert benchmark.main([*args, "--shapes", "grouped_3x3"]) == 0
+    first = json.loads(out.read_text())
+    # A partial shape (one of its records missing) is run again whole.
+    partial = dict(first["records"][0], shape="rgb_3x5")
+    first["records"].append(partial)
+    out.write_text(json.dumps(first))
+    ran = []
+    real_run = benchmark.run
+    benchmark_run = lambda shapes, *a, **k: ran.extend(shapes) or real_run(shapes, *a, **k)  # noqa: E731
+    import unittest.mock
+    with unittest.mock.patch.object(benchmark, "run", benchmark_run):
+        assert benchmark.main([*args, "--shapes", "grouped_3x3,rgb_3x5,dw_5x5", "--resume"]) == 0
+    assert ran == ["rgb_3x5", "dw_5x5"]
+    data = json.loads(out.read_text())
+    assert [r["shape"] for r in data["records"]] == ["grouped_3x3"] * 2 + ["rgb_3x5"] * 2 + ["dw_5x5"] * 2
+    assert data["records"][:2] == first["records"][:2]
+    assert data["resumed"] == 1 and data["date"] == first["date"]
