@@ -163,7 +163,7 @@ constexpr int kMaxShifts = 2;
 // tensor-core adds, round-to-nearest FADDs) puts K = 2880 at 2.84e-7 as it
 // was, 2.33e-7 with big rounded, 1.77e-7 with three segments, 1.54e-7 with
 // five; five measured 1.53e-7, but each segment's read and write of the
-// tile cost a's dgrad about 0.2 ms (docs/perf-notes.md), so three.
+// tile cost a's dgrad about 0.2 ms (docs/history/), so three.
 constexpr int64_t kLongK = 2048;
 constexpr int64_t kSegmentK = 1024;
 
@@ -655,7 +655,7 @@ constexpr int64_t fprop_weight_floats(int64_t cin, int64_t taps, int64_t co_tile
 // and the halo shrinks with them. That matters to the tensor copy beyond
 // the bytes: dw_5x5's 56-column planes staged as 72 x 60 boxes streamed
 // 7% slower than as 64 x 60 boxes (a copy-only kernel of the same pattern
-// on the H100: 2.52 against 2.71 TB/s, perf-notes), and a 112-column plane
+// on the H100: 2.52 against 2.71 TB/s, docs/history), and a 112-column plane
 // is two 56-column tiles whose boxes are 64 wide, not a 64-column tile and
 // a 48-column one, each staged 72 wide.
 inline int64_t fprop_tile_cols(const ConvParams& p, bool narrow_tile) {

@@ -5,7 +5,7 @@
 // ms on the stem (H100) against 0.22 for this kernel in TF32 mode. 3xTF32
 // on it measured 0.50 ms, and on wgmma (positions as M, the 16 rows as N)
 // 0.46-0.55 with more error than cuDNN's strict FP32, so IEEE mode keeps
-// the gather (perf-notes).
+// the gather (docs/history).
 //
 // All phases at once (tile_config.h, DgradTcLayout): grad_input pixel
 // (i * stride + py, j * stride + px) is the sum over output channels co and

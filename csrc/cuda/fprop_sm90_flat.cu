@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         // per element for small's rounding (tf32_operand) and the channel
         // masks in predicates too, c's dgrad ran them one after another on
         // the one predicate register left, 480 instructions a round where
-        // a full round of a full chunk is now 305 (perf-notes, session 13).
+        // a full round of a full chunk is now 305 (docs/history, session 13).
         // `masked`: channels past the group's (a partial chunk); `tail`:
         // pixels past the box (loads clamped into it, stores skipped).
         constexpr int kPixels = cfg::kSplitPixels;
@@ -680,7 +680,7 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
     // Steps per 3xTF32 temporary: three where K is long, two where it is
-    // short. Measured (8 seeds, relative error, perf-notes): the sequence
+    // short. Measured (8 seeds, relative error, docs/history): the sequence
     // of temporaries sets the error of a long K (K = 1440: 2.64e-7 at two,
     // 2.48e-7 at three; K = 576 equal), the products inside one a short K
     // (K = 144: 2.01e-7 at two, 2.10e-7 at three, against cuDNN strict's
