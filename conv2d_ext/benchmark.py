@@ -260,6 +260,7 @@ def time_ms(fn, input_sets, device, warmup, repeats, budget_s, timing="gpu"):
         fn(*input_sets[i % len(input_sets)])
     _sync(device)
     hold_ms = 0.25
+    retries = 0  # a call that blocks the host would lengthen the spin forever
     times = []
     start_wall = time.perf_counter()
     i = 0
@@ -275,8 +276,9 @@ def time_ms(fn, input_sets, device, warmup, repeats, budget_s, timing="gpu"):
             end.record()
             host_ms = (time.perf_counter() - t0) * 1e3
             end.synchronize()
-            if timing == "gpu" and 2 * host_ms > hold_ms:
+            if timing == "gpu" and 2 * host_ms > hold_ms and retries < 5:
                 hold_ms = 4 * host_ms  # the GPU may have waited for the host: sample again
+                retries += 1
                 continue
             times.append(start.elapsed_time(end))
         else:
@@ -421,6 +423,7 @@ def summarize(records):
     network, each weighted by how often it occurs (r50_network)."""
     cases = {}
     for r in records:
+        r = dict(r, layout=r.get("layout", "nchw"))  # files from before layouts
         cases.setdefault((r["shape"], r["pass"], r["precision"]), []).append(r)
     summary = []
     for (shape, pass_, precision), recs in cases.items():
@@ -470,7 +473,7 @@ def format_table(records):
               "ext GB/s", "copy %", "speedup", "ext err", "torch err")
     rows = []
     for r in records:
-        rows.append((r["shape"], r["pass"], r["precision"], _SHORT[r["layout"]], r.get("algo", "-"),
+        rows.append((r["shape"], r["pass"], r["precision"], _SHORT[r.get("layout", "nchw")], r.get("algo", "-"),
                      f"{r['ext_ms']:.3f}", f"{r['torch_ms']:.3f}", f"{r['ext_tflops']:.2f}",
                      f"{r['torch_tflops']:.2f}", _gbps(r), _copy(r), f"{r['speedup']:.2f}x",
                      f"{r['ext_rel_err']:.1e}", f"{r['torch_rel_err']:.1e}"))
@@ -683,7 +686,9 @@ def report(results, models=None):
     totals = format_totals(summary)
     if totals:
         parts += ["## ResNet-50: sums of best times over its distinct convolutions (r50_total) and over "
-                  "the network, each as often as it occurs (r50_network)", "", totals, ""]
+                  "the network, each as often as it occurs (r50_network); each layer in its side's faster "
+                  "layout, which a whole network, in one layout, cannot pick layer by layer (--models times that)",
+                  "", totals, ""]
     if models:
         parts += [f"## Models: one training step ({_header(models)[2:]}, commit {models.get('commit')})", "",
                   format_models_summary(models.get("summary") or summarize_models(models["records"])), "",
@@ -819,16 +824,23 @@ def main(argv=None):
     progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     # Each shape (model) is run whole and the file rewritten after it, so a
     # run cut short keeps what it finished, and --resume carries on from it.
-    key, per_item = ("model", len(precisions) * len(layouts)) if args.models else \
-        ("shape", len(passes) * len(precisions) * len(layouts))
+    key = "model" if args.models else "shape"
+    env["timing"] = "steps back to back" if args.models else args.timing if device.type == "cuda" else "wall"
     records = []
     if args.resume and args.json and os.path.exists(args.json):
         with open(args.json) as f:
             previous = json.load(f)
-        counts = {}
+        for field in ("device", "commit", "timing"):
+            if previous.get(field) != env.get(field):
+                raise SystemExit(f"--resume: {args.json} has {field} {previous.get(field)!r}, this run "
+                                 f"{env.get(field)!r}; remove the file to start again")
+        # An item is done when it holds every case this run asks for.
+        wanted = {(p, q, layout) for p in ([None] if args.models else passes) for q in precisions
+                  for layout in layouts}
+        cases = {}
         for r in previous["records"]:
-            counts[r[key]] = counts.get(r[key], 0) + 1
-        done = {item for item, n in counts.items() if n == per_item}
+            cases.setdefault(r[key], set()).add((r.get("pass"), r["precision"], r["layout"]))
+        done = {item for item, have in cases.items() if have == wanted}
         records = [r for r in previous["records"] if r[key] in done]
         env = {k: v for k, v in previous.items() if k not in ("summary", "records")}
         env["resumed"] = env.get("resumed", 0) + 1
@@ -839,23 +851,22 @@ def main(argv=None):
         builders = _torchvision_models()
         items = [n for n in _csv(args.model, list(MODELS), "model") if n not in done]
         summarize_fn = summarize_models
-        env["timing"] = "steps back to back"
 
         def run_one(name):
             return run_models({name: builders[name]}, precisions, device, args.quick, progress, layouts)
     else:
         items = [n for n in shapes if n not in done]
         summarize_fn = summarize
-        env["timing"] = args.timing if device.type == "cuda" else "wall"
 
         def run_one(name):
             return run([name], passes, precisions, device, args.quick, progress=progress, timing=args.timing,
                        layouts=layouts)
     for item in items:
         records += run_one(item)
-        if args.json:
-            with open(args.json, "w") as f:
+        if args.json:  # replaced whole, so a run stopped mid-write leaves the last file intact
+            with open(args.json + ".tmp", "w") as f:
                 json.dump({**env, "summary": summarize_fn(records), "records": records}, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
     summary = summarize_fn(records)
     if args.models:
         print(format_models_summary(summary))

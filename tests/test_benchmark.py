@@ -283,3 +283,22 @@ def test_resume_runs_only_what_the_file_lacks(tmp_path, capsys):
     assert [r["shape"] for r in data["records"]] == ["grouped_3x3"] * 2 + ["rgb_3x5"] * 2 + ["dw_5x5"] * 2
     assert data["records"][:2] == first["records"][:2]
     assert data["resumed"] == 1 and data["date"] == first["date"]
+
+
+def test_resume_refuses_another_commits_file(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "bench.json"
+    args = ["--device", "cpu", "--quick", "--json", str(out), "--passes", "forward", "--layout", "nchw",
+            "--shapes", "grouped_3x3"]
+    monkeypatch.setenv("CONV2D_EXT_COMMIT", "aaaaaaa")
+    assert benchmark.main(args) == 0
+    monkeypatch.setenv("CONV2D_EXT_COMMIT", "bbbbbbb")
+    with pytest.raises(SystemExit, match="commit 'aaaaaaa'"):
+        benchmark.main([*args, "--resume"])
+    assert not list(tmp_path.glob("*.tmp"))  # the file was written whole, then renamed
+
+
+def test_report_reads_records_from_before_layouts(capsys):
+    old = {k: v for k, v in _fake("a", "forward", "nchw", 1.0, 2.0).items() if k != "layout"}
+    (s,) = benchmark.summarize([old])
+    assert s["ext_layout"] == s["torch_layout"] == "nchw"
+    assert "nchw" in benchmark.format_table([old])
