@@ -225,15 +225,12 @@ def hopper_arch_flags(archs):
     (PTX for later GPUs stays compute_90) and return every -gencode flag;
     torch adds none of its own once one is given. Empty when 9.0 is not
     named: the binary then has the mma.sync kernels only."""
-    entries = archs.replace(" ", ";").split(";")
-    if not any(e.split("+")[0] in ("9.0", "9.0a") for e in entries):
+    entries = [e for e in archs.replace(" ", ";").split(";") if e.partition("+")[0]]
+    if not any(arch_number(e) == "90" for e in entries):
         return []
     flags = []
     for entry in entries:
-        version, _, ptx = entry.partition("+")
-        if not version:
-            continue
-        num = version.replace(".", "").rstrip("a")
+        num, ptx = arch_number(entry), entry.partition("+")[2]
         code = "90a" if num == "90" else num
         flags.append(f"-gencode=arch=compute_{code},code=sm_{code}")
         if ptx == "PTX":

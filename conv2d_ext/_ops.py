@@ -8,14 +8,11 @@ contiguous tensors too.
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from .functional import _pair
+
 
 def _out_size(size, kernel, stride, pad, dilation):
     return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
-
-
-def _pair(values):
-    # One value stands for both dimensions, as in the C++ ops and PyTorch.
-    return (values[0], values[0]) if len(values) == 1 else values
 
 
 # With the schema's defaults: the dispatcher leaves out trailing arguments

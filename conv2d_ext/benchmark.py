@@ -416,6 +416,11 @@ _EXT_FIELDS = ("ext_ms", "ext_tflops", "ext_rel_err", "algo", "ext_gbps", "copy_
 _TORCH_FIELDS = ("torch_ms", "torch_tflops", "torch_rel_err", "torch_gbps")
 
 
+def _fastest(records):
+    """Each side's fastest record among one case's layouts."""
+    return min(records, key=lambda r: r["ext_ms"]), min(records, key=lambda r: r["torch_ms"])
+
+
 def summarize(records):
     """Best vs best: for each (shape, pass, precision), PyTorch's fastest
     layout against conv2d_ext's fastest; then, per (pass, precision), the
@@ -427,8 +432,7 @@ def summarize(records):
         cases.setdefault((r["shape"], r["pass"], r["precision"]), []).append(r)
     summary = []
     for (shape, pass_, precision), recs in cases.items():
-        ext = min(recs, key=lambda r: r["ext_ms"])
-        ref = min(recs, key=lambda r: r["torch_ms"])
+        ext, ref = _fastest(recs)
         s = {"shape": shape, "group": ext.get("group", GROUP_OF.get(shape)), "pass": pass_,
              "precision": precision, "ext_layout": ext["layout"], "torch_layout": ref["layout"]}
         s.update({k: ext[k] for k in _EXT_FIELDS if k in ext})
@@ -530,8 +534,7 @@ def summarize_models(records):
         cases.setdefault((r["model"], r["precision"]), []).append(r)
     out = []
     for (model, precision), recs in cases.items():
-        ext = min(recs, key=lambda r: r["ext_ms"])
-        ref = min(recs, key=lambda r: r["torch_ms"])
+        ext, ref = _fastest(recs)
         out.append({"model": model, "batch": ext["batch"], "precision": precision,
                     "ext_ms": ext["ext_ms"], "ext_layout": ext["layout"],
                     "torch_ms": ref["torch_ms"], "torch_layout": ref["layout"],
