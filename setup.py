@@ -310,7 +310,7 @@ def make_extension():
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     print(f"conv2d_ext: building for CUDA architectures {archs} ({source})")
     write_build_info(True, archs)
-    sources += sorted(glob.glob("csrc/cuda/*.cu"))
+    sources += sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True))
     nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     arch_flags = hopper_arch_flags(archs)
     if arch_flags:

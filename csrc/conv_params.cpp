@@ -3,9 +3,10 @@
 // nn.Conv2d sees familiar errors.
 #include "conv_params.h"
 
+#include "options.h"
+
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <initializer_list>
 #include <limits>
 #include <numeric>
@@ -248,18 +249,10 @@ ConvParams make_wgrad_params(const at::Tensor& grad_output,
   return p;
 }
 
-namespace {
-std::atomic<bool> g_poison_outputs{false};
-}
-
-bool set_poison_outputs(bool enable) {
-  return g_poison_outputs.exchange(enable);
-}
-
 at::Tensor empty_output(c10::IntArrayRef sizes,
                         const at::TensorOptions& opts) {
   at::Tensor out = at::empty(sizes, opts);
-  if (g_poison_outputs.load(std::memory_order_relaxed)) {
+  if (option(Option::kPoisonOutputs)) {
     out.fill_(std::numeric_limits<double>::quiet_NaN());
   }
   return out;

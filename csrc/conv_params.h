@@ -125,10 +125,9 @@ ConvParams make_wgrad_params(const at::Tensor& grad_output,
                              c10::IntArrayRef stride, c10::IntArrayRef padding,
                              c10::IntArrayRef dilation, int64_t groups);
 
-// Allocates an op's output. When output poisoning is on (tests only), the
+// Allocates an op's output. When Option::kPoisonOutputs is on (tests), the
 // buffer is filled with NaN so that any element a kernel fails to write
 // shows up in the comparison against the reference.
 at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts);
-bool set_poison_outputs(bool enable);
 
 }  // namespace conv2d_ext

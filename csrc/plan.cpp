@@ -1,10 +1,11 @@
 #include "plan.h"
 
-#include "tile_config.h"
+#include "cuda/few_channels/config.h"
+#include "cuda/implicit_gemm/config.h"
+#include "cuda/sm90/config.h"
 
 #include <ATen/Context.h>
 
-#include <atomic>
 #include <optional>
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
@@ -14,59 +15,15 @@
 
 namespace conv2d_ext {
 
-namespace {
-std::atomic<bool> g_hopper_kernels{true};
-std::atomic<bool> g_flat_kernels{true};
-std::atomic<bool> g_short_wgrad_direct{true};
-std::atomic<bool> g_few_channel_wgrad_wgmma{true};
-std::atomic<bool> g_few_channel_dgrad_tc{true};
-std::atomic<bool> g_few_channel_dgrad_pairs{true};
-std::atomic<bool> g_few_channel_dgrad_order{true};
-std::atomic<bool> g_few_channel_dgrad_wide{true};
-std::atomic<bool> g_wgrad_edge_steps{true};
-}  // namespace
-
-bool set_hopper_kernels(bool enable) { return g_hopper_kernels.exchange(enable); }
-
 // sm_90a code runs on compute capability 9.0 only; other GPUs get the
 // mma.sync loops (sm_80 and newer).
 bool hopper_kernels(int sm) {
-  return sm == 90 && built_with_sm90a() && g_hopper_kernels.load(std::memory_order_relaxed);
+  return sm == 90 && built_with_sm90a() && option(Option::kHopperKernels);
 }
 
-bool set_flat_kernels(bool enable) { return g_flat_kernels.exchange(enable); }
-
-bool set_short_wgrad_direct(bool enable) { return g_short_wgrad_direct.exchange(enable); }
-
-bool set_few_channel_wgrad_wgmma(bool enable) {
-  return g_few_channel_wgrad_wgmma.exchange(enable);
+bool few_channels_wgrad_sm90(int sm) {
+  return hopper_kernels(sm) && option(Option::kFewChannelsWgradSm90);
 }
-
-bool few_channel_wgrad_wgmma(int sm) {
-  return hopper_kernels(sm) && g_few_channel_wgrad_wgmma.load(std::memory_order_relaxed);
-}
-
-bool set_few_channel_dgrad_tc(bool enable) { return g_few_channel_dgrad_tc.exchange(enable); }
-
-bool set_few_channel_dgrad_pairs(bool enable) {
-  return g_few_channel_dgrad_pairs.exchange(enable);
-}
-
-bool few_channel_dgrad_pairs() { return g_few_channel_dgrad_pairs.load(std::memory_order_relaxed); }
-
-bool set_few_channel_dgrad_order(bool enable) {
-  return g_few_channel_dgrad_order.exchange(enable);
-}
-
-bool few_channel_dgrad_order() { return g_few_channel_dgrad_order.load(std::memory_order_relaxed); }
-
-bool set_few_channel_dgrad_wide(bool enable) { return g_few_channel_dgrad_wide.exchange(enable); }
-
-bool few_channel_dgrad_wide() { return g_few_channel_dgrad_wide.load(std::memory_order_relaxed); }
-
-bool set_wgrad_edge_steps(bool enable) { return g_wgrad_edge_steps.exchange(enable); }
-
-bool wgrad_edge_steps() { return g_wgrad_edge_steps.load(std::memory_order_relaxed); }
 
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws
@@ -102,7 +59,7 @@ bool tensor_core_channels(const ConvParams& p) {
 // FP32 sum growing as sqrt(K) from there meets 3xTF32 near 5000.
 constexpr int64_t kShortWgradReduction = 8192;
 bool short_wgrad(const ConvParams& p) {
-  return g_short_wgrad_direct.load(std::memory_order_relaxed) &&
+  return option(Option::kShortWgradDirect) &&
          p.batch * p.out_h * p.out_w < kShortWgradReduction;
 }
 
@@ -110,29 +67,29 @@ bool short_wgrad(const ConvParams& p) {
 // kernel takes the problem.
 Algo fprop_algo(const ConvParams& p, MathMode math, int sm) {
   if (!tensor_core_channels(p)) return Algo::kDirect;
-  const bool split = math == MathMode::kIEEE;  // 3xTF32
+  const bool tf32x3 = math == MathMode::kIEEE;  // 3xTF32
   const bool hopper = hopper_kernels(sm);
   // The flat kernel (pixels as wgmma's N) is the faster one at unit stride.
-  if (hopper && g_flat_kernels.load(std::memory_order_relaxed) &&
-      igemm_fprop_flat::fits(p, split)) {
+  if (hopper && option(Option::kFlatKernels) &&
+      igemm_fprop_sm90_flat::fits(p, tf32x3)) {
     return Algo::kImplicitGemmSm90Flat;
   }
-  if (hopper && igemm_fprop::fits(p, /*wgmma=*/true, split)) return Algo::kImplicitGemmSm90;
-  if (sm >= 80 && igemm_fprop::fits(p, /*wgmma=*/false, /*split=*/false)) {
+  if (hopper && igemm_fprop::fits(p, /*sm90=*/true, tf32x3)) return Algo::kImplicitGemmSm90;
+  if (sm >= 80 && igemm_fprop::fits(p, /*sm90=*/false, /*tf32x3=*/false)) {
     return Algo::kImplicitGemm;
   }
   return Algo::kDirect;
 }
 
-// Few input channels per group: the small-channel kernels when their tiles
+// Few input channels per group: the few-channel kernels when their tiles
 // fit (kDirect otherwise). They stage tiles with cp.async (sm_80+).
-Algo small_channel_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
-  namespace sc = small_channels;
-  if (sm < 80 || p.in_channels_per_group() > sc::kMaxChannels) return Algo::kDirect;
+Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
+  namespace fc = few_channels;
+  if (sm < 80 || p.in_channels_per_group() > fc::kMaxChannels) return Algo::kDirect;
   // wgrad of wide tiles (RGB stems) is a GEMM of few bytes per product:
   // the FFMA kernel reached a quarter of the FFMA peak, well under the
   // tensor cores. IEEE mode keeps short reductions on FFMA, as above.
-  if (pass == Pass::kWgrad && sc::wgrad_tc_fits(p, math == MathMode::kIEEE) &&
+  if (pass == Pass::kWgrad && fc::wgrad_tc_fits(p, math == MathMode::kIEEE) &&
       !(math == MathMode::kIEEE && short_wgrad(p))) {
     return Algo::kFewChannelsTensorCore;
   }
@@ -141,20 +98,19 @@ Algo small_channel_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
   // kernel, and on wgmma) measured slower than the gather and, on wgmma,
   // less accurate than cuDNN's strict FP32: IEEE mode keeps the gather.
   if (pass == Pass::kDgrad && math == MathMode::kTF32 &&
-      g_few_channel_dgrad_tc.load(std::memory_order_relaxed) && sc::dgrad_tc_fits(p)) {
+      option(Option::kFewChannelsDgradTc) && fc::dgrad_tc_fits(p)) {
     return Algo::kFewChannelsTensorCore;
   }
   // The forward of wide tiles likewise: the FFMA kernel is issue-bound near
   // 40% of the FFMA peak, on a GEMM whose floor is writing its output.
-  if (pass == Pass::kFprop && sc::fprop_tc_fits(p, math == MathMode::kIEEE, sm)) {
+  if (pass == Pass::kFprop && fc::fprop_tc_fits(p, math == MathMode::kIEEE, sm)) {
     return Algo::kFewChannelsTensorCore;
   }
-  const bool fits = pass == Pass::kFprop   ? sc::fprop_fits(p)
-                    : pass == Pass::kDgrad ? sc::dgrad_runs_as_fprop(p) || sc::dgrad_fits(p)
-                                           : sc::wgrad_fits(p, sm);
+  const bool fits = pass == Pass::kFprop   ? fc::fprop_fits(p)
+                    : pass == Pass::kDgrad ? fc::dgrad_runs_as_fprop(p) || fc::dgrad_fits(p)
+                                           : fc::wgrad_fits(p, sm);
   if (!fits) return Algo::kDirect;
-  return p.in_channels_per_group() == 1 && sc::narrow(p) ? Algo::kDepthwise
-                                                         : Algo::kFewChannels;
+  return Algo::kFewChannels;
 }
 
 }  // namespace
@@ -164,7 +120,7 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
   if (dtype != at::kFloat) return plan;
-  const Algo small = small_channel_algo(p, pass, plan.math, sm);
+  const Algo small = few_channels_algo(p, pass, plan.math, sm);
   if (small != Algo::kDirect) {
     plan.algo = small;
     return plan;
@@ -180,10 +136,10 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
     plan.algo = Algo::kDgradPhases;
   } else if (pass == Pass::kWgrad && sm >= 80 && tensor_core_channels(p) &&
              !(plan.math == MathMode::kIEEE && short_wgrad(p))) {
-    const bool split = plan.math == MathMode::kIEEE;
-    if (hopper_kernels(sm) && igemm_wgrad_sm90::fits(p, split)) {
+    const bool tf32x3 = plan.math == MathMode::kIEEE;
+    if (hopper_kernels(sm) && igemm_wgrad_sm90::fits(p, tf32x3)) {
       plan.algo = Algo::kImplicitGemmSm90;
-    } else if (igemm_wgrad::fits(p, split, sm)) {
+    } else if (igemm_wgrad::fits(p, tf32x3, sm)) {
       plan.algo = Algo::kImplicitGemm;
     }
   }
@@ -213,16 +169,16 @@ std::string algorithm(const std::string& pass, const at::Tensor& input,
 namespace {
 // The flat kernel's layout for `pass` (the forward, or a dgrad that runs as
 // one), or none where the pass does not run on it.
-std::optional<igemm_fprop_flat::Layout> flat_layout(
+std::optional<igemm_fprop_sm90_flat::Layout> flat_layout(
     const std::string& pass, const at::Tensor& input, const at::Tensor& weight,
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
     int64_t groups) {
   const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
                                          padding, dilation, groups);
-  const bool split = math_mode(input.scalar_type()) == MathMode::kIEEE;
-  if (pass == "forward") return igemm_fprop_flat::choose_layout(p, split);
+  const bool tf32x3 = math_mode(input.scalar_type()) == MathMode::kIEEE;
+  if (pass == "forward") return igemm_fprop_sm90_flat::choose_layout(p, tf32x3);
   if (pass == "backward_input" && dgrad_is_fprop(p)) {
-    return igemm_fprop_flat::choose_layout(dgrad_as_fprop(p), split);
+    return igemm_fprop_sm90_flat::choose_layout(dgrad_as_fprop(p), tf32x3);
   }
   return std::nullopt;
 }
@@ -239,16 +195,16 @@ int64_t flat_segments(const std::string& pass, const at::Tensor& input,
                       const at::Tensor& weight, c10::IntArrayRef stride,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
   const auto l = flat_layout(pass, input, weight, stride, padding, dilation, groups);
-  return l && l->smem_bytes != INT64_MAX ? igemm_fprop_flat::segments(*l) : 0;
+  return l && l->smem_bytes != INT64_MAX ? igemm_fprop_sm90_flat::segments(*l) : 0;
 }
 
-std::vector<int64_t> flat_split_rounds(const std::string& pass, const at::Tensor& input,
+std::vector<int64_t> flat_tf32x3_rounds(const std::string& pass, const at::Tensor& input,
                                        const at::Tensor& weight, c10::IntArrayRef stride,
                                        c10::IntArrayRef padding, c10::IntArrayRef dilation,
                                        int64_t groups) {
   const auto l = flat_layout(pass, input, weight, stride, padding, dilation, groups);
   if (!l || l->smem_bytes == INT64_MAX) return {0, 0};
-  return {igemm_fprop_flat::split_full_rounds(*l), igemm_fprop_flat::split_tail_pixels(*l)};
+  return {igemm_fprop_sm90_flat::tf32x3_full_rounds(*l), igemm_fprop_sm90_flat::tf32x3_tail_pixels(*l)};
 }
 
 bool built_with_sm90a() {
@@ -269,8 +225,6 @@ const char* to_string(Algo algo) {
       return "implicit_gemm_sm90";
     case Algo::kImplicitGemmSm90Flat:
       return "implicit_gemm_sm90_flat";
-    case Algo::kDepthwise:
-      return "depthwise";
     case Algo::kFewChannels:
       return "few_channels";
     case Algo::kFewChannelsTensorCore:

@@ -10,14 +10,13 @@
 #include <vector>
 
 #include "conv_params.h"
+#include "math_mode.h"
+#include "options.h"
 
 namespace conv2d_ext {
 
 enum class Pass { kFprop, kDgrad, kWgrad };
 
-// How float32 products are formed. kIEEE must be FP32-accurate; kTF32 may
-// round operands to TF32 (PyTorch's default for convolutions).
-enum class MathMode { kIEEE, kTF32 };
 
 enum class Algo {
   kDirect,        // FFMA direct convolution: every dtype, every shape, every GPU
@@ -25,9 +24,9 @@ enum class Algo {
   kImplicitGemmSm90,  // the same tiles on Hopper's wgmma (sm_90a code): TF32 or 3xTF32
   kImplicitGemmSm90Flat,  // wgmma with pixels as N, halo channel-interleaved (unit stride)
   // Direct kernels around memory traffic for at most 4 input channels per
-  // group (float32, sm_80+), FP32-accurate in both modes:
-  kDepthwise,    // 1 input and at most 4 output channels per group
-  kFewChannels,  // the others (RGB stems)
+  // group (float32, sm_80+; depthwise layers, RGB stems), FP32-accurate in
+  // both modes:
+  kFewChannels,
   // Few input channels per group on TF32 tensor cores (sm_80+): wgrad with
   // more than 4 output channels per group, the forward with at least 32;
   // TF32, or 3xTF32 in IEEE mode.
@@ -54,64 +53,14 @@ MathMode math_mode(at::ScalarType dtype);
 // CONV2D_EXT_SM90A when it builds for it.
 bool built_with_sm90a();
 
-// Tests only: allow (default) or forbid the Hopper kernels. Returns the
-// previous setting.
-bool set_hopper_kernels(bool enable);
-
 // Whether Hopper-only code (wgmma, the tensor-copy engine) runs on a GPU of
-// compute capability `sm`: the binary has sm_90a code and the tests have
-// not switched it off.
+// compute capability `sm`: the binary has sm_90a code and
+// Option::kHopperKernels is on.
 bool hopper_kernels(int sm);
 
-// Tests only: allow (default) or forbid the flat sm_90 kernel, so that the
-// other wgmma kernel can be tested on unit-stride shapes too.
-bool set_flat_kernels(bool enable);
-
-// Tests only: whether IEEE-mode wgrad of short reductions goes to the
-// direct FFMA kernel (default, for accuracy), so that the 3xTF32
-// tensor-core wgrad kernels stay covered on small shapes.
-bool set_short_wgrad_direct(bool enable);
-
-// Whether the few-channel tensor-core wgrad (RGB stems) runs its 3xTF32
-// (IEEE mode) stage on wgmma on Hopper (the default) or on mma.sync, as
-// other GPUs do: off keeps that stage tested on Hopper. Returns the
-// previous setting.
-bool set_few_channel_wgrad_wgmma(bool enable);
-bool few_channel_wgrad_wgmma(int sm);
-
-// Whether TF32-mode dgrad of few input channels runs every stride phase at
-// once on tensor cores (RGB stems at stride 2; the default) or on the FFMA
-// gather (off: keeps the gather tested on those shapes in TF32 mode).
-// Returns the previous setting.
-bool set_few_channel_dgrad_tc(bool enable);
-
-// Whether the FFMA gather takes two columns a thread on the phases it has
-// compiled for (stride 2, unit dilation: RGB stems; the default) or one
-// (off: keeps the one-column path tested on those shapes). Returns the
-// previous setting.
-bool set_few_channel_dgrad_pairs(bool enable);
-bool few_channel_dgrad_pairs();
-
-// Whether the FFMA gather starts its blocks heaviest (phase, tile) first
-// within groups of at most a wave (the default) or in the grid's order (off:
-// for A/B runs and for tests that both orders give the same bits). Returns
-// the previous setting.
-bool set_few_channel_dgrad_order(bool enable);
-bool few_channel_dgrad_order();
-
-// Whether the FFMA gather takes 16 x 112 tiles on phases of 65 to 112
-// columns where every phase takes two columns a thread (RGB stems; the
-// default) or 32 x 64 tiles (off: keeps those tested on such shapes).
-// Returns the previous setting.
-bool set_few_channel_dgrad_wide(bool enable);
-bool few_channel_dgrad_wide();
-
-// Whether the sm_90 wgrad's 3xTF32 kernel skips the k8 steps of a K tile
-// past the output's right edge, in pairs (the default), or runs all 8 on
-// zeros (off: for A/B runs and for tests that both give the same bits).
-// Returns the previous setting.
-bool set_wgrad_edge_steps(bool enable);
-bool wgrad_edge_steps();
+// Whether the few-channel tensor-core wgrad runs its 3xTF32 stage on wgmma:
+// hopper_kernels(sm) and Option::kFewChannelsWgradSm90.
+bool few_channels_wgrad_sm90(int sm);
 
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
@@ -139,9 +88,9 @@ int64_t flat_segments(const std::string& pass, const at::Tensor& input,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups);
 
 // Tests only: how the 3xTF32 split of that layout walks a chunk's box:
-// {full rounds, pixels left to the tail} (see igemm_fprop_flat::
-// kSplitPixels); {0, 0} where flat_row_shifts is 0.
-std::vector<int64_t> flat_split_rounds(const std::string& pass, const at::Tensor& input,
+// {full rounds, pixels left to the tail} (see igemm_fprop_sm90_flat::
+// kTf32x3Pixels); {0, 0} where flat_row_shifts is 0.
+std::vector<int64_t> flat_tf32x3_rounds(const std::string& pass, const at::Tensor& input,
                                        const at::Tensor& weight, c10::IntArrayRef stride,
                                        c10::IntArrayRef padding, c10::IntArrayRef dilation,
                                        int64_t groups);

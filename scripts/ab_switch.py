@@ -1,17 +1,15 @@
 """A/B of one of the op's test switches in one build and one process.
 
-    python scripts/ab_switch.py few_channel_wgrad_wgmma --shapes stem_7x7,rgb_3x5 \
+    python scripts/ab_switch.py few_channels_wgrad_sm90 --shapes stem_7x7,rgb_3x5 \
         --passes backward_weight,step [--precision tf32,ieee] [--rounds 2] [--quick]
 
 Runs the benchmark's records (conv2d_ext.benchmark.run: CUDA events,
 warm-up, median, inputs larger than L2, errors against float64) with
-`torch.ops.conv2d_ext._set_<switch>` off and on, alternating for `rounds`
+`torch.ops.conv2d_ext._set_option(switch, ...)` off and on, alternating for `rounds`
 rounds, so both sides share the machine, its clocks and its build. Prints
 the conv2d_ext times of every round side by side, with PyTorch's and both
-errors. A switch is one of the ops' test-only `_set_*` settings
-(hopper_kernels, flat_kernels, short_wgrad_direct, few_channel_wgrad_wgmma,
-few_channel_dgrad_tc, few_channel_dgrad_pairs, few_channel_dgrad_order,
-few_channel_dgrad_wide, wgrad_edge_steps).
+errors. A switch is one of csrc/options.h's (torch.ops.conv2d_ext.
+_option_names()).
 """
 import argparse
 import statistics
@@ -22,15 +20,10 @@ import torch
 import conv2d_ext  # noqa: F401  (registers the ops)
 from conv2d_ext import benchmark
 
-SWITCHES = ("hopper_kernels", "flat_kernels", "short_wgrad_direct", "few_channel_wgrad_wgmma",
-            "few_channel_dgrad_tc", "few_channel_dgrad_pairs", "few_channel_dgrad_order",
-            "few_channel_dgrad_wide", "wgrad_edge_steps")
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("switch", choices=SWITCHES)
+    parser.add_argument("switch", choices=list(torch.ops.conv2d_ext._option_names()))
     parser.add_argument("--shapes", required=True)
     parser.add_argument("--passes", default=",".join(benchmark.PASSES))
     parser.add_argument("--precision", default=",".join(benchmark.PRECISIONS))
@@ -46,7 +39,7 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == "cpu":
         precisions = ["ieee"]  # TF32 is a GPU mode
-    setter = getattr(torch.ops.conv2d_ext, f"_set_{args.switch}")
+    setter = lambda value: torch.ops.conv2d_ext._set_option(args.switch, value)
 
     results = {}  # (shape, pass, precision, layout) -> {state: [records]}
     initial = setter(False)

@@ -1,10 +1,10 @@
 """Runs one pass of a benchmark shape twice, for a profiler to capture.
 
     ncu -k regex:dgrad python scripts/profile_pass.py stem_7x7 ieee backward_input \
-        [--switch few_channel_dgrad_pairs=0]
+        [--switch few_channels_dgrad_pairs=0]
 
 The pass is one of conv2d_ext.benchmark.PASSES; --switch sets one of the
-op's test-only `_set_*` settings first (scripts/ab_switch.py lists them).
+op's switches first (csrc/options.h lists them).
 """
 import argparse
 
@@ -21,7 +21,7 @@ parser.add_argument("--switch", action="append", default=[], metavar="NAME=0|1")
 args = parser.parse_args()
 for item in args.switch:
     name, _, value = item.partition("=")
-    getattr(torch.ops.conv2d_ext, f"_set_{name}")(value == "1")
+    torch.ops.conv2d_ext._set_option(name, value == "1")
 
 shape = SUITE[args.shape]
 torch.backends.cudnn.allow_tf32 = args.precision == "tf32"

@@ -31,7 +31,7 @@
 # - tests/test_determinism.py::test_bitwise_reproducible[*-f32-cuda], both
 #   modes: the dgrad and wgrad ops called directly, wgrad split over many
 #   blocks;
-# - tests/test_small_channels.py::test_small_channels_against_float64, TF32
+# - tests/test_few_channels.py::test_few_channels_against_float64, TF32
 #   mode (the small-channel kernels are FFMA in both modes), forward, dgrad
 #   and wgrad of one case: the depthwise kernels on cases 0 (3x3), 1 (3x3,
 #   depth multiplier 2, stride 2), 3 (5x5, rows of 64 and 60 floats: the
@@ -57,7 +57,7 @@
 #   engine with a partial second channel tile (case 21). On Hopper it runs
 #   on wgmma, and cases 33 (several stages per block) and 34 (two groups,
 #   stride 2) store its output by the tensor-copy engine, in both modes.
-# - tests/test_small_channels.py::test_wgrad_3xtf32_stages_on_hopper: the
+# - tests/test_few_channels.py::test_wgrad_3xtf32_stages_on_hopper: the
 #   few-channel wgrad's 3xTF32 stages on Hopper: mma.sync on cases 13 and
 #   30; wgmma (the default there) on cases 13 (three m64 tiles of rows in
 #   one block), 14 (one tile, its warpgroups splitting the pixels), 35 (two
@@ -65,7 +65,7 @@
 #   rows (15 to 70 floats, not multiples of 4) are staged by async copies
 #   into the swizzled layout, and 30 (three tiles, two groups) and 33 (one
 #   tile, two channel tiles), staged by the tensor-copy engine.
-# - tests/test_small_channels.py::test_tf32_dgrad_on_tensor_cores: the
+# - tests/test_few_channels.py::test_tf32_dgrad_on_tensor_cores: the
 #   TF32 dgrad of every stride phase at once (also run by the TF32 cases
 #   13, 17 and 34 above) on cases 37 (a partial chunk of output channels,
 #   async copies) and 38 (phases no tap reaches, the tensor-copy engine).
@@ -77,7 +77,7 @@ cd "$(dirname "$0")/.."
 command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; exit 1; }
 
 if [ $# -ge 2 ]; then
-  tests=(tests/test_correctness.py tests/test_determinism.py tests/test_small_channels.py -k "$2")
+  tests=(tests/test_correctness.py tests/test_determinism.py tests/test_few_channels.py -k "$2")
 else
   tests=()
   for c in 0 4 8 12 13 16 18; do
@@ -98,22 +98,22 @@ else
     tests+=("tests/test_determinism.py::test_bitwise_reproducible[$mode-f32-cuda]")
   done
   for c in 0 1 3 7 13 17 21 24 27 28 29 30 32 33 34 39 40 41 42; do
-    tests+=("tests/test_small_channels.py::test_small_channels_against_float64[tf32-cuda-case$c]")
+    tests+=("tests/test_few_channels.py::test_few_channels_against_float64[tf32-cuda-case$c]")
   done
   for c in 13 21 30 33 34 43; do
-    tests+=("tests/test_small_channels.py::test_small_channels_against_float64[ieee-cuda-case$c]")
+    tests+=("tests/test_few_channels.py::test_few_channels_against_float64[ieee-cuda-case$c]")
   done
-  tests+=("tests/test_small_channels.py::test_strided_dgrad_one_column_a_thread[ieee-case43]")
-  tests+=("tests/test_small_channels.py::test_small_channels_without_copy_engine[tf32-case17]")
-  tests+=("tests/test_small_channels.py::test_small_channels_without_copy_engine[tf32-case40]")
+  tests+=("tests/test_few_channels.py::test_strided_dgrad_one_column_a_thread[ieee-case43]")
+  tests+=("tests/test_few_channels.py::test_few_channels_without_copy_engine[tf32-case17]")
+  tests+=("tests/test_few_channels.py::test_few_channels_without_copy_engine[tf32-case40]")
   for c in 13 14 30 33 35 36; do
-    tests+=("tests/test_small_channels.py::test_wgrad_3xtf32_stages_on_hopper[case$c-wgmma]")
+    tests+=("tests/test_few_channels.py::test_wgrad_3xtf32_stages_on_hopper[case$c-wgmma]")
   done
   for c in 13 30; do
-    tests+=("tests/test_small_channels.py::test_wgrad_3xtf32_stages_on_hopper[case$c-mma_sync]")
+    tests+=("tests/test_few_channels.py::test_wgrad_3xtf32_stages_on_hopper[case$c-mma_sync]")
   done
-  tests+=("tests/test_small_channels.py::test_tf32_dgrad_on_tensor_cores[case37-async_copies]")
-  tests+=("tests/test_small_channels.py::test_tf32_dgrad_on_tensor_cores[case38-hopper]")
+  tests+=("tests/test_few_channels.py::test_tf32_dgrad_on_tensor_cores[case37-async_copies]")
+  tests+=("tests/test_few_channels.py::test_tf32_dgrad_on_tensor_cores[case38-hopper]")
 fi
 
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1

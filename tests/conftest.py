@@ -19,9 +19,9 @@ if TEST_STREAM not in ("default", "side"):
 @pytest.fixture(autouse=True, scope="session")
 def poison_outputs():
     """Every op output starts as NaN, so an unwritten element fails."""
-    previous = torch.ops.conv2d_ext._set_poison_outputs(True)
+    previous = torch.ops.conv2d_ext._set_option("poison_outputs", True)
     yield
-    torch.ops.conv2d_ext._set_poison_outputs(previous)
+    torch.ops.conv2d_ext._set_option("poison_outputs", previous)
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +34,9 @@ def tensor_core_wgrad_on_short_reductions(request):
     if request.node.get_closest_marker("default_wgrad_routing"):
         yield
         return
-    previous = torch.ops.conv2d_ext._set_short_wgrad_direct(False)
+    previous = torch.ops.conv2d_ext._set_option("short_wgrad_direct", False)
     yield
-    torch.ops.conv2d_ext._set_short_wgrad_direct(previous)
+    torch.ops.conv2d_ext._set_option("short_wgrad_direct", previous)
 
 
 @pytest.fixture(autouse=True)

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, HAS_CUDA, hopper_kernels, is_hopper_build, op_switch, pair,
-                   precision_of, reduction_lengths, reference, rel_err, tf32_mode, tolerance,
-                   wgrad_edge_steps)
+from utils import (DEVICES, HAS_CUDA, hopper_kernels, is_hopper_build, option, pair,
+                   precision_of, reduction_lengths, reference, rel_err, tf32_mode, tolerance)
 
 # (N, Cin, H, W, Cout, (KH, KW), stride, padding, dilation, groups, bias):
 # every specialised kernel size, the generic path, each parameter alone and
@@ -220,7 +219,7 @@ def test_cuda_sm90_pixels_in_m_kernels(case, precision):
     both modes."""
     if not is_hopper_build():
         pytest.skip("needs sm_90 and a build with sm_90a code")
-    with op_switch("flat_kernels", False):
+    with option("flat_kernels", False):
         _run(case, "cuda", torch.float32)
 
 
@@ -399,7 +398,7 @@ def test_wgrad_edge_steps_same_bits(case):
             algo = torch.ops.conv2d_ext._algorithm("backward_weight", x, wt, *geometry)
             assert algo == "implicit_gemm_sm90", algo
         for on in (True, False):
-            with wgrad_edge_steps(on):
+            with option("wgrad_edge_steps", on):
                 gw = torch.ops.conv2d_ext.conv2d_backward_weight(gy, x, wt_shape, *geometry)
             err = rel_err(gw, ref, reduction_len=length)
             assert err < bound, f"edge steps {on}: relative error {err:.3g} > {bound:.3g}"

@@ -170,7 +170,7 @@ def _split_rounds(name):
     n, cin, h, w, cout, k, stride, padding, dilation = CASES[name]
     x, wt = torch.empty(n, cin, h, w), torch.empty(cout, cin, *k)
     with tf32_mode(False):
-        return torch.ops.conv2d_ext._flat_split_rounds(
+        return torch.ops.conv2d_ext._flat_tf32x3_rounds(
             "forward", x, wt, pair(stride), pair(padding), pair(dilation), 1)
 
 

@@ -42,13 +42,13 @@ def test_ab_switch_script_restores_the_switch(capsys):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     ops = torch.ops.conv2d_ext
-    before = ops._set_few_channel_wgrad_wgmma(True)
+    before = ops._set_option("few_channels_wgrad_sm90", True)
     try:
-        script.main(["few_channel_wgrad_wgmma", "--device", "cpu", "--shapes", "rgb_3x5",
+        script.main(["few_channels_wgrad_sm90", "--device", "cpu", "--shapes", "rgb_3x5",
                      "--passes", "backward_weight", "--rounds", "1", "--quick"])
-        assert ops._set_few_channel_wgrad_wgmma(True) is True, "the switch was not restored"
+        assert ops._set_option("few_channels_wgrad_sm90", True) is True, "the switch was not restored"
     finally:
-        ops._set_few_channel_wgrad_wgmma(before)
+        ops._set_option("few_channels_wgrad_sm90", before)
     table = capsys.readouterr().out
     prefix = "| rgb_3x5 | backward_weight | ieee |"
     row = [line for line in table.splitlines() if line.startswith(prefix)]

@@ -102,59 +102,23 @@ def is_hopper_build():
 
 
 @contextlib.contextmanager
-def op_switch(name, enabled):
-    """One of the op's test-only settings (`_set_<name>`) for the duration."""
-    setter = getattr(torch.ops.conv2d_ext, f"_set_{name}")
-    previous = setter(enabled)
+def option(name, value):
+    """One of the op's switches (csrc/options.h: `hopper_kernels`,
+    `few_channels_dgrad_tc`, ...) set to `value` for the duration."""
+    previous = torch.ops.conv2d_ext._set_option(name, value)
     try:
         yield
     finally:
-        setter(previous)
+        torch.ops.conv2d_ext._set_option(name, previous)
 
 
 def hopper_kernels(enabled):
     """The op's Hopper-only kernels (wgmma, tensor-copy engine) on or off for
     the duration: off runs the kernels that other GPUs run."""
-    return op_switch("hopper_kernels", enabled)
-
-
-def few_channel_dgrad_tc(enabled):
-    """TF32-mode few-channel dgrad of every stride phase at once on tensor
-    cores (on, the default) or on the FFMA gather (off) for the duration."""
-    return op_switch("few_channel_dgrad_tc", enabled)
-
-
-def few_channel_dgrad_pairs(enabled):
-    """The few-channel FFMA dgrad's two columns a thread where it has them
-    (on, the default) or one column (off) for the duration."""
-    return op_switch("few_channel_dgrad_pairs", enabled)
-
-
-def few_channel_dgrad_order(enabled):
-    """The few-channel FFMA dgrad's blocks heaviest first (on, the default) or
-    in the grid's order (off) for the duration."""
-    return op_switch("few_channel_dgrad_order", enabled)
-
-
-def few_channel_dgrad_wide(enabled):
-    """The few-channel FFMA dgrad's 16 x 112 tiles where they fit (on, the
-    default) or 32 x 64 tiles (off) for the duration."""
-    return op_switch("few_channel_dgrad_wide", enabled)
+    return option("hopper_kernels", enabled)
 
 
 def pair(v):
     """A stride, padding or dilation as nn.Conv2d takes it (an int or two)
     as a pair."""
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-
-
-def wgrad_edge_steps(enabled):
-    """The sm_90 IEEE-mode wgrad's skipped k8 steps past the right edge (on,
-    the default) or all 8 steps of every K tile (off) for the duration."""
-    return op_switch("wgrad_edge_steps", enabled)
-
-
-def few_channel_wgrad_wgmma(enabled):
-    """The few-channel tensor-core wgrad's 3xTF32 stage on Hopper: wgmma (on,
-    the default) or mma.sync (off, as other GPUs run it) for the duration."""
-    return op_switch("few_channel_wgrad_wgmma", enabled)

@@ -48,9 +48,9 @@ void dispatch_kernel_size(int64_t kernel_h, int64_t kernel_w,
   fn(Int<0>{}, Int<0>{});
 }
 
-// The same over the small-channel list (float32 only).
+// The same over the few-channel list (float32 only).
 template <typename Fn>
-void dispatch_small_channel_kernel_size(int64_t kernel_h, int64_t kernel_w, Fn&& fn) {
+void dispatch_few_channels_kernel_size(int64_t kernel_h, int64_t kernel_w, Fn&& fn) {
   CONV2D_EXT_FOR_EACH_SMALL_CHANNEL_KERNEL_SIZE(CONV2D_EXT_TRY_SIZE)
   fn(Int<0>{}, Int<0>{});
 }

@@ -5,14 +5,10 @@
 
 #include <cstdint>
 
+#include "../math_mode.h"
+
 namespace conv2d_ext {
 namespace cuda {
-
-// How float32 operands reach the TF32 tensor cores.
-enum class TcMath {
-  kTF32,     // each operand rounded to nearest TF32: one product
-  k3xTF32,   // big + small split: three products, FP32-accurate
-};
 
 // x as a TF32 tensor-core operand, rounded to nearest (ties away, as
 // cvt.rna): the tensor cores read an operand's top 19 bits and ignore the
@@ -51,7 +47,7 @@ __device__ __forceinline__ uint32_t tf32_operand_fma(float x) {
 // for errors of 1.4-2.3e-7 instead of 2.1-2.8e-7, all below cuDNN's. It
 // rounds where truncation would not be: K below 512 (1x1 dgrad: 1.9e-7
 // against cuDNN's 1.45e-7) and K from 2048 on, where it also cuts its
-// accumulation into segments (tile_config.h, kLongK; 5x9 dgrad).
+// accumulation into segments (sm90/config.h, kLongK).
 // !kRoundSmall leaves small for the tensor cores to truncate: up to 2^-21
 // of x after a rounded big, of either sign (small's), two instructions
 // fewer. The sm_90 wgrad takes that: 4% faster on a, b and c (H100, IEEE)

@@ -14,7 +14,7 @@
 //   ([pixel][channel]) and the group's input halo, and each thread
 //   accumulates an 8 x 8 tile of M x N (8 + 8 shared reads per 64 FMAs).
 //   The plan sends wide tiles to the tensor-core kernel
-//   (wgrad_small_channels_tc.cu) and keeps them here for IEEE-mode short
+//   (few_channels/wgrad_tc.cu) and keeps them here for IEEE-mode short
 //   reductions, where FP32 products beat 3xTF32's error, and where that
 //   kernel's buffers do not fit.
 // Pixels outside the output are skipped, never multiplied by zero: an Inf
@@ -24,28 +24,28 @@
 
 #include <algorithm>
 
-#include "../plan.h"
-#include "kernel_sizes.cuh"
-#include "small_channels.cuh"
-#include "small_channels.h"
-#include "split_reduce.cuh"
-#include "tensor_map.h"
+#include "../../plan.h"
+#include "../kernel_sizes.cuh"
+#include "../split_reduce.cuh"
+#include "../tensor_map.h"
+#include "few_channels.cuh"
+#include "few_channels.h"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace {
 
-namespace sc = conv2d_ext::small_channels;
-using small_channels::HaloCols;
-using small_channels::Split;
-using small_channels::split_stages;
+namespace fc = conv2d_ext::few_channels;
+using few_channels::HaloCols;
+using few_channels::Split;
+using few_channels::split_stages;
 
-constexpr int kWarps = sc::kThreads / 32;
+constexpr int kWarps = fc::kThreads / 32;
 
 // ---- narrow -------------------------------------------------------------
 
-constexpr int kRows = sc::kNarrowRows;
-constexpr int kTileRows = kRows * sc::kSlots;
+constexpr int kRows = fc::kNarrowRows;
+constexpr int kTileRows = kRows * fc::kSlots;
 
 // Taps per block: at most 50 accumulators (kCo per tap) with their offsets;
 // 7x7 x 2 channels (98) spilled. Over that, the kernel's taps are split
@@ -64,7 +64,7 @@ constexpr int narrow_taps() {
 }
 
 template <int KH_T, int KW_T, int kCo>
-__global__ void __launch_bounds__(sc::kThreads, 2)
+__global__ void __launch_bounds__(fc::kThreads, 2)
     wgrad_narrow_kernel(const __grid_constant__ CUtensorMap x_map,
                         const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                         const float* __restrict__ grad_out, const float* __restrict__ x,
@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
                         int halo_rows, int pitch, int halo_cols, int segs,
                         int stages_per_slice) {
   constexpr int kTaps = narrow_taps<KH_T, KW_T, kCo>();
-  constexpr int kStages = sc::kHaloStages;
-  constexpr int kGoFloats = kTileRows * sc::kTileCols;  // one channel's tile
+  constexpr int kStages = fc::kHaloStages;
+  constexpr int kGoFloats = kTileRows * fc::kTileCols;  // one channel's tile
   // A ring of stage buffers, each the input halo then kCo grad_output
   // tiles (128-byte aligned, as the tensor-copy engine writes): the next
   // tiles' copies fly while one computes.
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   __shared__ uint64_t staged[kStages];
   float* s_buf = reinterpret_cast<float*>(smem4);
   __shared__ float s_red[kWarps][kCo * kTaps];
-  static_assert(sizeof(s_red) + sizeof(staged) <= sc::kWgradStaticSmemBytes,
+  static_assert(sizeof(s_red) + sizeof(staged) <= fc::kWgradStaticSmemBytes,
                 "wgrad_fits reserves this much static shared memory");
   const int cin_g = p.in_channels_per_group();
   const int cout_g = p.out_channels_per_group();
@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int g = blockIdx.x / segs / cin_g;
   const int tap0 = seg * kTaps;
 
-  const int col = threadIdx.x % sc::kTileCols;
-  const int r0 = (threadIdx.x / sc::kTileCols) * kRows;
+  const int col = threadIdx.x % fc::kTileCols;
+  const int r0 = (threadIdx.x / fc::kTileCols) * kRows;
   int off[kTaps];  // shared-memory offset of each tap
 #pragma unroll
   for (int t = 0; t < kTaps; ++t) {
@@ -112,13 +112,13 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 #pragma unroll
     for (int t = 0; t < kTaps; ++t) acc[c][t] = 0.f;
 
-  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  const int tiles_w = (Wo + fc::kTileCols - 1) / fc::kTileCols;
   const int tiles_h = (Ho + kTileRows - 1) / kTileRows;
   const int tiles = tiles_h * tiles_w;
   const int total = p.batch * tiles;
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
-  const int x_floats = static_cast<int>(sc::aligned_floats(halo_rows * pitch));
+  const int x_floats = static_cast<int>(fc::aligned_floats(halo_rows * pitch));
   const int buf_floats = x_floats + kCo * kGoFloats;
   // Step s is tile (th, tw) of image n, tw fastest. Cursors step by one
   // tile with carries: divisions per step were a tenth of the depthwise
@@ -143,19 +143,19 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     }
   };
   auto origin = [&](const Cursor& c) {
-    return Origin{c.n, c.th * kTileRows, c.tw * sc::kTileCols};
+    return Origin{c.n, c.th * kTileRows, c.tw * fc::kTileCols};
   };
   // With the tensor-copy engine (tma), one thread starts both boxes of a
   // step on its buffer's barrier (zeros outside the image), as in the
   // forward.
-  small_channels::CopyRing<kStages> ring(staged, tma);
+  few_channels::CopyRing<kStages> ring(staged, tma);
   const uint32_t step_bytes = 4u * (halo_rows * pitch + kCo * kGoFloats);
   auto stage = [&](const Cursor& c, int b) {
     const auto [n, oh0, ow0] = origin(c);
     float* dst = s_buf + b * buf_floats;
     if (tma) {
       if (threadIdx.x == 0) {
-        const HaloCols hc = small_channels::halo_cols(ow0 * sw - pad_w, true);
+        const HaloCols hc = few_channels::halo_cols(ow0 * sw - pad_w, true);
         mbarrier_arrive_expect_tx(&ring.barrier[b], step_bytes);
         tma_load_4d(dst, &x_map, hc.first - hc.lead, oh0 * sh - pad_h, g * cin_g + ci, n,
                     &ring.barrier[b]);
@@ -163,15 +163,15 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
       }
       return;
     }
-    small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
+    few_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g + ci, H * W),
                                1, H, W, oh0 * sh - pad_h, halo_rows,
-                               small_channels::halo_cols(ow0 * sw - pad_w, vec), halo_cols,
+                               few_channels::halo_cols(ow0 * sw - pad_w, vec), halo_cols,
                                pitch, x_floats, vec);
-    small_channels::stage_halo(dst + x_floats,
+    few_channels::stage_halo(dst + x_floats,
                                grad_out + plane_offset(n, p.out_channels, g * cout_g, Ho * Wo),
                                kCo, Ho, Wo, oh0, kTileRows,
-                               small_channels::halo_cols(ow0, vec_go), sc::kTileCols,
-                               sc::kTileCols, kGoFloats, vec_go);
+                               few_channels::halo_cols(ow0, vec_go), fc::kTileCols,
+                               fc::kTileCols, kGoFloats, vec_go);
   };
   // Groups are committed even when empty, so that the wait below counts
   // kStages - 1 groups younger than the current tile's.
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   for (int s = first; s < last; ++s, buf = (buf + 1) % kStages, next(cur)) {
     const auto [n, oh0, ow0] = origin(cur);
     (void)n;  // the staged buffers already hold image n
-    const HaloCols hc = small_channels::halo_cols(ow0 * sw - pad_w, vec);
+    const HaloCols hc = few_channels::halo_cols(ow0 * sw - pad_w, vec);
     // Refills the buffer consumed in the previous iteration (barrier at its
     // end).
     if (s + kStages - 1 < last) stage(ahead, (buf + kStages - 1) % kStages);
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     if (ow < Wo) {
       const float* sb = s_buf + buf * buf_floats;
       const float* sx = sb + hc.lead + r0 * sh * pitch + col * sw;
-      const float* sg = sb + x_floats + r0 * sc::kTileCols + col;
+      const float* sg = sb + x_floats + r0 * fc::kTileCols + col;
       const int rows = min(kRows, Ho - oh0 - r0);  // this thread's output rows
       bool windowed = false;
       // Up to 2 channels: with 4 (grouped 4 -> 4) the window's registers
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 #pragma unroll
           for (int r = 0; r < kRows; ++r)
 #pragma unroll
-            for (int c = 0; c < kCo; ++c) go[r][c] = r < rows ? sg[c * kGoFloats + r * sc::kTileCols] : 0.f;
+            for (int c = 0; c < kCo; ++c) go[r][c] = r < rows ? sg[c * kGoFloats + r * fc::kTileCols] : 0.f;
 #pragma unroll
           for (int i = 0; i < kRows + KH_T - 1; ++i) {
             float v[KW_T];
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
         if (windowed || r >= rows) break;
         float go[kCo];
 #pragma unroll
-        for (int c = 0; c < kCo; ++c) go[c] = sg[c * kGoFloats + r * sc::kTileCols];
+        for (int c = 0; c < kCo; ++c) go[c] = sg[c * kGoFloats + r * fc::kTileCols];
 #pragma unroll
         for (int t = 0; t < kTaps; ++t) {
           const float v = sx[r * sh * pitch + off[t]];
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 
   warp_sums(acc, s_red);
   __syncthreads();
-  for (int e = threadIdx.x; e < kCo * kTaps; e += sc::kThreads) {
+  for (int e = threadIdx.x; e < kCo * kTaps; e += fc::kThreads) {
     const int c = e / kTaps, tap = tap0 + e % kTaps;
     if (c >= cout_g || tap >= taps) continue;
     const float sum = sum_warps(s_red, e);
@@ -271,27 +271,27 @@ Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tenso
                     const at::Tensor& grad_w, bool vec, bool vec_go) {
   constexpr int kTaps = narrow_taps<KH, KW, kCo>();
   // h.cols: the input columns of the tile's threads inside the plane
-  // (sc::wgrad_tile_cols).
-  const sc::Halo h = sc::wgrad_halo(p);
+  // (fc::wgrad_tile_cols).
+  const fc::Halo h = fc::wgrad_halo(p);
   const int segs = static_cast<int>(ceil_div(p.kernel_h * p.kernel_w, kTaps));
   const int64_t blocks_x = p.groups * p.in_channels_per_group() * segs;
-  const int64_t stages = p.batch * ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, sc::kTileCols);
+  const int64_t stages = p.batch * ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, fc::kTileCols);
   TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
-              "conv2d_ext: problem too large for the small-channel wgrad");
+              "conv2d_ext: problem too large for the few-channel wgrad");
   Split sp = split_stages(blocks_x, stages, 4, grad_w, p.weight_numel());
-  const size_t smem = static_cast<size_t>(sc::wgrad_smem_bytes(p));
+  const size_t smem = static_cast<size_t>(fc::wgrad_smem_bytes(p));
   // On Hopper, both boxes of a step by the tensor-copy engine (rows of a
   // multiple of 4 floats, as for 16-byte copies).
-  const bool tma = vec_go && small_channels::tma_stages(vec, h);
+  const bool tma = vec_go && few_channels::tma_stages(vec, h);
   CUtensorMap x_map{}, go_map{};  // not read without tma
   if (tma) {
     x_map = nchw_tensor_map(x_t, static_cast<uint32_t>(h.pitch), static_cast<uint32_t>(h.rows),
                             1, 1);
-    go_map = nchw_tensor_map(go_t, sc::kTileCols, kTileRows, kCo, 1);
+    go_map = nchw_tensor_map(go_t, fc::kTileCols, kTileRows, kCo, 1);
   }
   auto kernel = wgrad_narrow_kernel<KH, KW, kCo>;
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<dim3(blocks_x, sp.slices), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<dim3(blocks_x, sp.slices), fc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
       x_map, go_map, p, go_t.data_ptr<float>(), x_t.data_ptr<float>(), sp.partial.data_ptr<float>(),
       vec, vec_go, tma, h.rows, h.pitch, h.cols, segs, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -301,11 +301,11 @@ Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tenso
 // ---- wide ---------------------------------------------------------------
 
 constexpr int kTileM = 8, kTileN = 8;  // a thread's M x N tile
-constexpr int kCoGroups = sc::kWgradWideCo / kTileM;
-constexpr int kMaxNGroups = sc::kThreads / kCoGroups;  // N groups per block
-constexpr int kPixels = sc::kWgradWidePixels;
-constexpr int kSumPitch = sc::kWgradSumPitch;
-constexpr int kGoPitch = sc::kWgradGoPitch;
+constexpr int kCoGroups = fc::kWgradWideCo / kTileM;
+constexpr int kMaxNGroups = fc::kThreads / kCoGroups;  // N groups per block
+constexpr int kPixels = fc::kWgradWidePixels;
+constexpr int kSumPitch = fc::kWgradSumPitch;
+constexpr int kGoPitch = fc::kWgradGoPitch;
 
 struct WideShape {
   int n_groups;  // of this block
@@ -314,10 +314,10 @@ struct WideShape {
 
 __host__ __device__ inline WideShape wide_shape(int n_groups_block) {
   const int tiles = n_groups_block * kCoGroups;
-  return {n_groups_block, std::max(1, sc::kThreads / tiles)};
+  return {n_groups_block, std::max(1, fc::kThreads / tiles)};
 }
 
-__global__ void __launch_bounds__(sc::kThreads, 2)
+__global__ void __launch_bounds__(fc::kThreads, 2)
     wgrad_wide_kernel(const ConvParams p, const float* __restrict__ grad_out,
                       const float* __restrict__ x, float* __restrict__ partial, bool vec,
                       int halo_rows, int pitch, int n_parts, int stages_per_slice) {
@@ -341,9 +341,9 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
   const int ng_per_part = (ng_total + n_parts - 1) / n_parts;
 
   // blockIdx.x -> (group, co tile, part of the N groups).
-  const int co_tiles = (cout_g + sc::kWgradWideCo - 1) / sc::kWgradWideCo;
+  const int co_tiles = (cout_g + fc::kWgradWideCo - 1) / fc::kWgradWideCo;
   const int part = blockIdx.x % n_parts;
-  const int co0 = (blockIdx.x / n_parts % co_tiles) * sc::kWgradWideCo;
+  const int co0 = (blockIdx.x / n_parts % co_tiles) * fc::kWgradWideCo;
   const int g = blockIdx.x / n_parts / co_tiles;
   const int ng0 = part * ng_per_part;
   const int ngs = min(ng_per_part, ng_total - ng0);
@@ -374,27 +374,27 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 #pragma unroll
     for (int j = 0; j < kTileN; ++j) acc[i][j] = 0.f;
 
-  constexpr int kRowsT = sc::kWgradWideRows;
-  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  constexpr int kRowsT = fc::kWgradWideRows;
+  const int tiles_w = (Wo + fc::kTileCols - 1) / fc::kTileCols;
   const int ptiles = ((Ho + kRowsT - 1) / kRowsT) * tiles_w;
   const int total = p.batch * ptiles;
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
-  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
+  const int halo_cols = (fc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
   for (int s = first; s < last; ++s) {
     const int n = s / ptiles, pt = s % ptiles;
-    const int oh0 = (pt / tiles_w) * kRowsT, ow0 = (pt % tiles_w) * sc::kTileCols;
-    const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+    const int oh0 = (pt / tiles_w) * kRowsT, ow0 = (pt % tiles_w) * fc::kTileCols;
+    const HaloCols hc = few_channels::halo_cols(ow0 * sw - p.pad_w, vec);
     __syncthreads();  // the previous tile is consumed
-    small_channels::stage_halo(s_x, x + plane_offset(n, p.in_channels, g * cin_g, H * W), cin_g,
+    few_channels::stage_halo(s_x, x + plane_offset(n, p.in_channels, g * cin_g, H * W), cin_g,
                                H, W, oh0 * sh - p.pad_h, halo_rows, hc, halo_cols, pitch,
                                halo_rows * pitch, vec);
     cp_async_commit();
     // grad_output, transposed to [pixel][channel] so a thread's 8 channels
     // are two 16-byte reads.
-    for (int e = tid; e < kPixels * sc::kWgradWideCo; e += sc::kThreads) {
+    for (int e = tid; e < kPixels * fc::kWgradWideCo; e += fc::kThreads) {
       const int px = e % kPixels, c = e / kPixels;
-      const int oh = oh0 + px / sc::kTileCols, ow = ow0 + px % sc::kTileCols;
+      const int oh = oh0 + px / fc::kTileCols, ow = ow0 + px % fc::kTileCols;
       const int co = co0 + c;
       s_go[px * kGoPitch + c] =
           (oh < Ho && ow < Wo && co < cout_g)
@@ -405,12 +405,12 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
     cp_async_wait<0>();
     __syncthreads();
     if (!worker) continue;
-    const int rows = min(kRowsT, Ho - oh0), cols = min(sc::kTileCols, Wo - ow0);
+    const int rows = min(kRowsT, Ho - oh0), cols = min(fc::kTileCols, Wo - ow0);
     for (int r = 0; r < rows; ++r) {
       const uint32_t sxr = smem_addr(s_x + hc.lead + r * sh * pitch);
       for (int c = lane_q; c < cols; c += ws.lanes) {
         float gv[kTileM];
-        load_tile(s_go + (r * sc::kTileCols + c) * kGoPitch + cg * kTileM, gv);
+        load_tile(s_go + (r * fc::kTileCols + c) * kGoPitch + cg * kTileM, gv);
         const uint32_t sx = sxr + 4 * c * sw;
         float xv[kTileN];
 #pragma unroll
@@ -483,25 +483,25 @@ __global__ void __launch_bounds__(sc::kThreads, 2)
 
 Split launch_wide(const ConvParams& p, const float* go, const float* x,
                   const at::Tensor& grad_w, bool vec) {
-  const sc::Halo h = sc::wgrad_halo(p);
+  const fc::Halo h = fc::wgrad_halo(p);
   const int64_t n_total = p.in_channels_per_group() * p.kernel_h * p.kernel_w;
   const int64_t ng_total = ceil_div(n_total, kTileN);
   const int n_parts = static_cast<int>(ceil_div(ng_total, kMaxNGroups));
-  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), sc::kWgradWideCo);
+  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), fc::kWgradWideCo);
   const int64_t blocks_x = p.groups * co_tiles * n_parts;
-  const int64_t stages = p.batch * ceil_div(p.out_h, sc::kWgradWideRows) *
-                         ceil_div(p.out_w, sc::kTileCols);
+  const int64_t stages = p.batch * ceil_div(p.out_h, fc::kWgradWideRows) *
+                         ceil_div(p.out_w, fc::kTileCols);
   TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
-              "conv2d_ext: problem too large for the small-channel wgrad");
+              "conv2d_ext: problem too large for the few-channel wgrad");
   Split sp = split_stages(blocks_x, stages, 2, grad_w, p.weight_numel());
   const int64_t ng_block = ceil_div(ng_total, n_parts);
   const WideShape ws = wide_shape(static_cast<int>(ng_block));
-  const int64_t red_bytes = ws.lanes > 1 ? int64_t(sc::kThreads) * 64 * 4 : 0;
+  const int64_t red_bytes = ws.lanes > 1 ? int64_t(fc::kThreads) * 64 * 4 : 0;
   const int workers = ws.n_groups * kCoGroups * ws.lanes;
-  const size_t smem = static_cast<size_t>(std::max(sc::wgrad_wide_smem_bytes(p, workers), red_bytes));
+  const size_t smem = static_cast<size_t>(std::max(fc::wgrad_wide_smem_bytes(p, workers), red_bytes));
   auto kernel = wgrad_wide_kernel;
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<dim3(blocks_x, sp.slices), sc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<dim3(blocks_x, sp.slices), fc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
       p, go, x, sp.partial.data_ptr<float>(), vec, h.rows, h.pitch, n_parts, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return sp;
@@ -509,21 +509,21 @@ Split launch_wide(const ConvParams& p, const float* go, const float* x,
 
 }  // namespace
 
-void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
+void launch_wgrad_few_channels(const ConvParams& p, const at::Tensor& grad_out,
                                  const at::Tensor& x, at::Tensor& grad_w) {
-  TORCH_CHECK(sc::wgrad_fits(p, current_sm()),
-              "conv2d_ext: internal error: small-channel wgrad does not fit");
-  const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
-  const bool vec_go = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
+  TORCH_CHECK(fc::wgrad_fits(p, current_sm()),
+              "conv2d_ext: internal error: few-channel wgrad does not fit");
+  const bool vec = few_channels::can_vectorise(x.data_ptr(), p.in_w);
+  const bool vec_go = few_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
   const float* go = grad_out.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   Split sp;
-  if (!sc::narrow(p)) {
+  if (!fc::narrow(p)) {
     sp = launch_wide(p, go, xp, grad_w, vec);
   } else {
-    dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
+    dispatch_few_channels_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
       constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-      small_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
+      few_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
         sp = launch_narrow<KH, KW, decltype(co)::value>(p, grad_out, x, grad_w, vec, vec_go);
       });
     });

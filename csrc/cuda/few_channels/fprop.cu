@@ -11,7 +11,7 @@
 //   tile. At unit stride and dilation a thread slides a register window
 //   down its column, so each staged value is read once per kernel column,
 //   not once per tap, while the window's weights fit in registers. Tall
-//   depthwise tiles (sc::fprop_tall) at unit stride and dilation: 14 rows
+//   depthwise tiles (fc::fprop_tall) at unit stride and dilation: 14 rows
 //   x 2 columns a thread, so a window row is a few 8-byte loads that feed
 //   both columns.
 // - wide (RGB stems): 4 rows x 16 channels; the 4 slots cover a 64-channel
@@ -21,18 +21,18 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
-#include "../plan.h"
-#include "kernel_sizes.cuh"
-#include "small_channels.cuh"
-#include "small_channels.h"
-#include "tensor_map.h"
+#include "../../plan.h"
+#include "../kernel_sizes.cuh"
+#include "../tensor_map.h"
+#include "few_channels.cuh"
+#include "few_channels.h"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace {
 
-namespace sc = conv2d_ext::small_channels;
-using small_channels::HaloCols;
+namespace fc = conv2d_ext::few_channels;
+using few_channels::HaloCols;
 
 // The weights of one tap for this thread's channels (broadcast reads).
 template <int kCo>
@@ -94,13 +94,13 @@ template <int KH_T, int KW_T, int kCo, int kRows, int kCoGroups, int kStages, in
 // tall tiles' rings fit in shared memory: 128 registers (the window's 28
 // sums and 25 weights; at 80 ptxas reloaded the weights from shared memory
 // for every row).
-__global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 1 ? 3 : 2)
-    fprop_small_channels_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
+__global__ void __launch_bounds__(fc::kThreads / kCols, kCols == 2 ? 4 : kCo == 1 ? 3 : 2)
+    fprop_few_channels_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                                 const float* __restrict__ x, const float* __restrict__ w,
                                 const float* __restrict__ bias, float* __restrict__ y,
                                 WeightOrder order, bool vec, bool tma, int halo_rows,
                                 int pitch, int narrow_tile_cols) {
-  constexpr int kRowGroups = sc::kSlots / kCoGroups;
+  constexpr int kRowGroups = fc::kSlots / kCoGroups;
   constexpr int kTileRows = kRows * kRowGroups;
   constexpr int kCoTile = kCo * kCoGroups;
   extern __shared__ __align__(128) float4 smem4[];
@@ -115,23 +115,23 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   const int pad_h = p.pad_h, pad_w = p.pad_w;
   const int KH = static_or<KH_T>(p.kernel_h), KW = static_or<KW_T>(p.kernel_w);
   const int taps = KH * KW;
-  // A ring of kStages buffers (two or three, sc::fprop_stages), each an
+  // A ring of kStages buffers (two or three, fc::fprop_stages), each an
   // item's halo [ci][halo_rows][pitch] and, for narrow tiles, its weights
-  // and biases (sc::fprop_smem_bytes): the next items' copies fly while one
+  // and biases (fc::fprop_smem_bytes): the next items' copies fly while one
   // computes. Wide tiles keep their weights after the ring.
   constexpr bool kRingWeights = kCoGroups == 1;
-  const int w_floats = static_cast<int>(sc::fprop_weight_floats(cin_g, taps, kCoTile));
-  const int halo_floats = static_cast<int>(sc::fprop_buffer_floats(cin_g, halo_rows * pitch));
+  const int w_floats = static_cast<int>(fc::fprop_weight_floats(cin_g, taps, kCoTile));
+  const int halo_floats = static_cast<int>(fc::fprop_buffer_floats(cin_g, halo_rows * pitch));
   const int buf_floats =
-      halo_floats + (kRingWeights ? static_cast<int>(sc::aligned_floats(w_floats)) : 0);
+      halo_floats + (kRingWeights ? static_cast<int>(fc::aligned_floats(w_floats)) : 0);
   float* s_buf = reinterpret_cast<float*>(smem4);
   float* const s_wide_w = s_buf + kStages * buf_floats;  // wide: [ci][kh][kw][kCoTile], bias
 
   const int H = p.in_h, W = p.in_w, Ho = p.out_h, Wo = p.out_w;
   const int sh = p.stride_h, sw = p.stride_w, dh = p.dilation_h, dw = p.dilation_w;
-  // sc::fprop_tile_cols; a constant for wide tiles (a register less: their
+  // fc::fprop_tile_cols; a constant for wide tiles (a register less: their
   // spills grew with it).
-  const int tile_cols = kCoGroups == 1 ? narrow_tile_cols : sc::kTileCols;
+  const int tile_cols = kCoGroups == 1 ? narrow_tile_cols : fc::kTileCols;
   const int tiles_w = (Wo + tile_cols - 1) / tile_cols;
   const int halo_cols = (tile_cols - 1) * sw + (KW - 1) * dw + 1;
 
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   // are left out of the binary, whose instruction fetches were 16% of the
   // two-column forward's stall samples with them in.
   static_assert(kCols == 1 || (KH_T > 0 && KH_T * KW_T <= 98), "column pairs: the window only");
-  const int threads = kCoGroups == 1 ? static_cast<int>(blockDim.x) : sc::kThreads;
-  const int slot_threads = threads / sc::kSlots;
+  const int threads = kCoGroups == 1 ? static_cast<int>(blockDim.x) : fc::kThreads;
+  const int slot_threads = threads / fc::kSlots;
   const int col = threadIdx.x % slot_threads * kCols;
   const int slot = threadIdx.x / slot_threads;  // warp-uniform for wide tiles
   const int rg = slot % kRowGroups, cg = slot / kRowGroups;
@@ -173,13 +173,13 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   const ItemRadix radix{tiles_w, (Ho + kTileRows - 1) / kTileRows, co_tiles, groups};
   const Item step = radix.item(gridDim.x);
   auto origin = [&](const Item& it) {
-    return small_channels::halo_cols(it.tw * tile_cols * sw - pad_w, vec);
+    return few_channels::halo_cols(it.tw * tile_cols * sw - pad_w, vec);
   };
 
   // With the tensor-copy engine (tma), one thread starts an item's box
   // (zeros outside the image) and every thread waits on the buffer's
   // barrier.
-  small_channels::CopyRing<kStages> ring(staged, tma);
+  few_channels::CopyRing<kStages> ring(staged, tma);
   const uint32_t box_bytes = 4u * cin_g * halo_rows * pitch;
   // Weights and biases of item `it`'s channel tile into `dst`
   // (fprop_weight_floats), zeros past the group's channels or without bias.
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(sc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
       }
       return;
     }
-    small_channels::stage_halo(dst, x + plane_offset(it.n, p.in_channels, g * cin_g, H * W),
+    few_channels::stage_halo(dst, x + plane_offset(it.n, p.in_channels, g * cin_g, H * W),
                                cin_g, H, W, ih0, halo_rows, hc, halo_cols, pitch,
                                halo_rows * pitch, vec, threads);
   };
@@ -416,10 +416,10 @@ template <int KH, int KW, int kCo, int kRows, int kCoGroups, int kCols = 1,
           bool kOddLead = false>
 void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const float* w,
             const float* bias, float* y, WeightOrder order, bool vec, bool tma) {
-  constexpr int kTileRows = kRows * (sc::kSlots / kCoGroups);
-  const sc::Halo h = sc::fprop_halo(p);
-  const size_t smem = static_cast<size_t>(sc::fprop_smem_bytes(p));
-  const int tile_cols = static_cast<int>(sc::fprop_tile_cols(p, kCoGroups == 1));
+  constexpr int kTileRows = kRows * (fc::kSlots / kCoGroups);
+  const fc::Halo h = fc::fprop_halo(p);
+  const size_t smem = static_cast<size_t>(fc::fprop_smem_bytes(p));
+  const int tile_cols = static_cast<int>(fc::fprop_tile_cols(p, kCoGroups == 1));
   const int64_t tiles = ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, tile_cols);
   const int64_t channel_tiles = p.groups * ceil_div(p.out_channels_per_group(), kCo * kCoGroups);
   const int64_t items = p.batch * channel_tiles * tiles;
@@ -429,7 +429,7 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   // Narrow tiles: a thread per column (or column pair) of the tile.
   const int threads =
-      kCoGroups == 1 ? sc::kSlots * static_cast<int>(ceil_div(tile_cols, kCols)) : sc::kThreads;
+      kCoGroups == 1 ? fc::kSlots * static_cast<int>(ceil_div(tile_cols, kCols)) : fc::kThreads;
   auto run = [&](auto kernel) {
     ensure_dynamic_smem(kernel, smem);
     int64_t blocks = 0;
@@ -445,30 +445,30 @@ void launch(const ConvParams& p, const CUtensorMap& x_map, const float* x, const
     kernel<<<static_cast<unsigned>(blocks), threads, smem, at::cuda::getCurrentCUDAStream()>>>(
         x_map, p, x, w, bias, y, order, vec, tma, h.rows, h.pitch, tile_cols);
   };
-  static_assert(sc::kFpropStages == 3, "one instantiation per stage count");
-  if (sc::fprop_stages(p) == 3) {
-    run(fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 3, kCols, kOddLead>);
+  static_assert(fc::kFpropStages == 3, "one instantiation per stage count");
+  if (fc::fprop_stages(p) == 3) {
+    run(fprop_few_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 3, kCols, kOddLead>);
   } else {
-    run(fprop_small_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 2, kCols, kOddLead>);
+    run(fprop_few_channels_kernel<KH, KW, kCo, kRows, kCoGroups, 2, kCols, kOddLead>);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+void launch_fprop_few_channels(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                                  const float* bias, at::Tensor& y, WeightOrder order) {
-  TORCH_CHECK(sc::fprop_fits(p), "conv2d_ext: internal error: small-channel forward does not fit");
-  TORCH_CHECK(ceil_div(p.out_h, sc::fprop_tile_rows(p)) * ceil_div(p.out_w, sc::kTileCols) <
+  TORCH_CHECK(fc::fprop_fits(p), "conv2d_ext: internal error: few-channel forward does not fit");
+  TORCH_CHECK(ceil_div(p.out_h, fc::fprop_tile_rows(p)) * ceil_div(p.out_w, fc::kTileCols) <
                   (int64_t(1) << 31),
-              "conv2d_ext: output plane too large for the small-channel forward");
-  TORCH_CHECK(p.batch < (int64_t(1) << 30), "conv2d_ext: batch too large for the small-channel forward");
-  const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
+              "conv2d_ext: output plane too large for the few-channel forward");
+  TORCH_CHECK(p.batch < (int64_t(1) << 30), "conv2d_ext: batch too large for the few-channel forward");
+  const bool vec = few_channels::can_vectorise(x.data_ptr(), p.in_w);
   // On Hopper the tensor-copy engine stages the halo: one instruction per
   // image instead of a loop of copies (a third of dw_5x5's instructions).
   // It reads the rows that 16-byte copies would (vec).
-  const sc::Halo h = sc::fprop_halo(p);
-  const bool tma = small_channels::tma_stages(vec, h);
+  const fc::Halo h = fc::fprop_halo(p);
+  const bool tma = few_channels::tma_stages(vec, h);
   CUtensorMap x_map{};  // not read without tma
   if (tma) {
     x_map = nchw_tensor_map(x, static_cast<uint32_t>(h.pitch), static_cast<uint32_t>(h.rows),
@@ -477,16 +477,16 @@ void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
+  dispatch_few_channels_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-    if (!sc::fprop_narrow(p)) {
-      launch<KH, KW, sc::kWideCo, sc::kWideRows, sc::kSlots>(p, x_map, xp, wp, bias, yp, order,
+    if (!fc::fprop_narrow(p)) {
+      launch<KH, KW, fc::kWideCo, fc::kWideRows, fc::kSlots>(p, x_map, xp, wp, bias, yp, order,
                                                              vec, tma);
     } else {
-      small_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
+      few_channels::dispatch_narrow_channels(p.out_channels_per_group(), [&](auto co) {
         constexpr int kCo = decltype(co)::value;
-        if constexpr (kCo == 1 && KH * KW <= sc::kTallMaxTaps) {  // KH = 0: any size
-          if (sc::fprop_tall(p)) {
+        if constexpr (kCo == 1 && KH * KW <= fc::kTallMaxTaps) {  // KH = 0: any size
+          if (fc::fprop_tall(p)) {
             // Two columns a thread where the register window runs (unit
             // stride and dilation, a compiled size). 16-byte copies and
             // the tensor copy (whose boxes start 16-byte aligned) stage
@@ -495,20 +495,20 @@ void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const
             if constexpr (KH > 0) {
               if (p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 && p.dilation_w == 1) {
                 if (vec && p.pad_w % 2 != 0) {
-                  launch<KH, KW, 1, sc::kTallRows, 1, 2, true>(p, x_map, xp, wp, bias, yp, order,
+                  launch<KH, KW, 1, fc::kTallRows, 1, 2, true>(p, x_map, xp, wp, bias, yp, order,
                                                               vec, tma);
                 } else {
-                  launch<KH, KW, 1, sc::kTallRows, 1, 2>(p, x_map, xp, wp, bias, yp, order, vec,
+                  launch<KH, KW, 1, fc::kTallRows, 1, 2>(p, x_map, xp, wp, bias, yp, order, vec,
                                                          tma);
                 }
                 return;
               }
             }
-            launch<KH, KW, 1, sc::kTallRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
+            launch<KH, KW, 1, fc::kTallRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
             return;
           }
         }
-        launch<KH, KW, kCo, sc::kNarrowRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
+        launch<KH, KW, kCo, fc::kNarrowRows, 1>(p, x_map, xp, wp, bias, yp, order, vec, tma);
       });
     }
   });

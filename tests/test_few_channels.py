@@ -4,10 +4,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (DEVICES, cuda_only, few_channel_dgrad_order, few_channel_dgrad_pairs,
-                   few_channel_dgrad_tc, few_channel_dgrad_wide, few_channel_wgrad_wgmma,
-                   hopper_kernels, is_hopper_build, pair, precision_of, reduction_lengths,
-                   reference, rel_err, tf32_mode, tolerance)
+from utils import (DEVICES, cuda_only, hopper_kernels, is_hopper_build, option, pair,
+                   precision_of, reduction_lengths, reference, rel_err, tf32_mode, tolerance)
 
 ops = torch.ops.conv2d_ext
 
@@ -133,7 +131,7 @@ REPRODUCIBLE = [
 PAIR_CASES = [13, 16, 25, 30, 37, 43]
 
 PASSES = ("forward", "backward_input", "backward_weight")
-SMALL_CHANNEL_KERNELS = ("depthwise", "few_channels")
+FEW_CHANNEL_KERNELS = ("few_channels",)
 
 
 def _geometry(case):
@@ -148,7 +146,7 @@ def _expected_kernel(case, pass_, precision):
     TF32-mode dgrad where the stride phases fill half an m16 tile."""
     _, cin, _, _, cout, _, _, _, _, groups, _ = case
     if cin // groups == 1 and cout // groups <= 4:
-        return "depthwise"
+        return "few_channels"  # the narrow (depthwise) tiles
     if pass_ == "backward_weight" and _wide(case):
         return "few_channels_tc"
     if pass_ == "forward" and cout // groups >= 32:
@@ -171,7 +169,7 @@ def _precisions(x, wt, stride, padding, dilation, groups):
     if x.device.type != "cuda":
         return {p: default for p in PASSES}
     geometry = (pair(stride), pair(padding), pair(dilation), groups)
-    return {p: "ieee" if ops._algorithm(p, x, wt, *geometry) in SMALL_CHANNEL_KERNELS else default
+    return {p: "ieee" if ops._algorithm(p, x, wt, *geometry) in FEW_CHANNEL_KERNELS else default
             for p in PASSES}
 
 
@@ -212,7 +210,7 @@ def _run(case, device, dtype):
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("device", DEVICES)
-def test_small_channels_against_float64(case, device, precision):
+def test_few_channels_against_float64(case, device, precision):
     """Float32 in both modes; on CUDA the small-channel kernels are held to
     the IEEE bound in TF32 mode too."""
     _run(case, device, torch.float32)
@@ -220,7 +218,7 @@ def test_small_channels_against_float64(case, device, precision):
 
 @cuda_only
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_small_channels_without_copy_engine(case, precision):
+def test_few_channels_without_copy_engine(case, precision):
     """On Hopper the forward (and dgrad through it) stages rows of a
     multiple of 4 floats with the tensor-copy engine; the async copies that
     other GPUs use are checked here with the Hopper code off."""
@@ -235,7 +233,7 @@ def test_strided_dgrad_one_column_a_thread(case, precision):
     thread by default (the switch off), against float64 to the IEEE bound;
     on the stem in IEEE mode both paths give the same bits: they add the
     same products in the same order (channel, kernel column, kernel row)."""
-    with few_channel_dgrad_pairs(False):
+    with option("few_channels_dgrad_pairs", False):
         _run(case, "cuda", torch.float32)
     if case != CASES[13] or precision != "ieee":
         return
@@ -247,7 +245,7 @@ def test_strided_dgrad_one_column_a_thread(case, precision):
     gy = torch.randn(y.shape, device="cuda", generator=gen)
     outs = []
     for pairs in (True, False):
-        with few_channel_dgrad_pairs(pairs):
+        with option("few_channels_dgrad_pairs", pairs):
             xg = x.clone().requires_grad_(True)
             outs.append(torch.autograd.grad(
                 conv2d_ext.conv2d(xg, wt, None, stride, padding, dilation, groups), xg, gy)[0])
@@ -259,14 +257,14 @@ def _gather_same_bits_both_ways(switch, gy, wt, x_shape, geometry, ref, k_dgrad)
     float64 `ref` to the IEEE bound (FFMA in both modes), and the same bits."""
     bound = tolerance(torch.float32, "ieee", k_dgrad)
     outs = []
-    with few_channel_dgrad_tc(False):
+    with option("few_channels_dgrad_tc", False):
         for on in (True, False):
-            with switch(on):
+            with option(switch, on):
                 gi = ops.conv2d_backward_input(gy, wt, list(x_shape), *geometry)
             err = rel_err(gi, ref, reduction_len=k_dgrad)
-            assert err < bound, f"{switch.__name__}={on}: relative error {err:.3g} > {bound:.3g}"
+            assert err < bound, f"{switch}={on}: relative error {err:.3g} > {bound:.3g}"
             outs.append(gi)
-    assert torch.equal(outs[0], outs[1]), f"{switch.__name__} on and off give different bits"
+    assert torch.equal(outs[0], outs[1]), f"{switch} on and off give different bits"
 
 
 @cuda_only
@@ -284,9 +282,9 @@ def test_strided_dgrad_block_order(precision):
     wt = torch.randn(cout, cin // groups, *k, device="cuda")
     gy = torch.randn(n, cout, 125, 125, device="cuda")
     ref = torch.nn.grad.conv2d_input(x.shape, wt.double(), gy.double(), 2, 3, 1, groups)
-    with few_channel_dgrad_tc(False):
+    with option("few_channels_dgrad_tc", False):
         assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
-    _gather_same_bits_both_ways(few_channel_dgrad_order, gy, wt, x.shape, geometry, ref,
+    _gather_same_bits_both_ways("few_channels_dgrad_order", gy, wt, x.shape, geometry, ref,
                                 (cout // groups) * k[0] * k[1])
 
 
@@ -310,18 +308,18 @@ def test_strided_dgrad_wide_tiles(shape, precision):
     ho, wo = (h + 2 * pad - k) // 2 + 1, (w + 2 * pad - k) // 2 + 1
     gy = torch.randn(n, cout, ho, wo, device="cuda")
     ref = torch.nn.grad.conv2d_input(x.shape, wt.double(), gy.double(), 2, pad, 1, 1)
-    _gather_same_bits_both_ways(few_channel_dgrad_wide, gy, wt, x.shape, geometry, ref,
+    _gather_same_bits_both_ways("few_channels_dgrad_wide", gy, wt, x.shape, geometry, ref,
                                 cout * k * k)
 
 
 @pytest.mark.parametrize("case", FLOAT64_CASES, ids=[f"f64case{i}" for i in range(len(FLOAT64_CASES))])
 @pytest.mark.parametrize("device", DEVICES)
-def test_small_channels_float64(case, device):
+def test_few_channels_float64(case, device):
     _run(case, device, torch.float64)
 
 
 @cuda_only
-def test_small_channel_cases_reach_their_kernels(precision):
+def test_few_channels_cases_reach_their_kernels(precision):
     """The cases test what they claim: in float32, every pass of each runs
     the depthwise kernel (one input channel and at most four output channels
     per group) or the few-channel kernel (at most 4 input channels per
@@ -379,7 +377,7 @@ def test_wgrad_3xtf32_stages_on_hopper(case, stage):
     it), against float64 to the IEEE bound. TF32 mode runs mma.sync."""
     if not is_hopper_build():
         pytest.skip("the wgmma stage runs on Hopper builds only")
-    with tf32_mode(False), few_channel_wgrad_wgmma(stage == "wgmma"):
+    with tf32_mode(False), option("few_channels_wgrad_sm90", stage == "wgmma"):
         _run(case, "cuda", torch.float32)
 
 
@@ -400,10 +398,10 @@ def test_wgrad_wgmma_stage_bitwise_reproducible():
     wt = torch.randn(cout, cin // groups, *k, device="cuda")
     with tf32_mode(False):
         gy = torch.randn_like(ops.conv2d(x, wt, None, *geometry))
-        with few_channel_wgrad_wgmma(True):
+        with option("few_channels_wgrad_sm90", True):
             first = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
             again = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
-        with few_channel_wgrad_wgmma(False):
+        with option("few_channels_wgrad_sm90", False):
             mma_sync = ops.conv2d_backward_weight(gy, x, list(wt.shape), *geometry)
     assert torch.isfinite(first).all(), "non-finite grad_weight"
     assert torch.equal(first, again), (f"grad_weight differs between calls, max difference "
@@ -452,15 +450,15 @@ def test_tf32_dgrad_on_tensor_cores(case, copy_engine):
     wt = torch.randn(cout, cin // groups, *k, device="cuda")
     with tf32_mode(False):
         assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
-    with tf32_mode(True), few_channel_dgrad_tc(False):
+    with tf32_mode(True), option("few_channels_dgrad_tc", False):
         assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
-    with tf32_mode(True), few_channel_dgrad_tc(True), hopper_kernels(copy_engine):
+    with tf32_mode(True), option("few_channels_dgrad_tc", True), hopper_kernels(copy_engine):
         _dgrad_on_tensor_cores(case, x, wt)
 
 
 @cuda_only
 @pytest.mark.parametrize("case", REPRODUCIBLE, ids=["depthwise", "multiplier2", "rgb"])
-def test_small_channels_bitwise_reproducible(case, precision):
+def test_few_channels_bitwise_reproducible(case, precision):
     n, cin, h, w, cout, k, _, _, _, groups, _ = case
     geometry = _geometry(case)
     x = torch.randn(n, cin, h, w, device="cuda")
@@ -549,7 +547,7 @@ def test_stride_nine(precision):
     x = torch.randn(1, 2, 40, 64, device="cuda")
     wt = torch.randn(2, 1, 3, 3, device="cuda")
     geometry = _geometry(case)
-    assert ops._algorithm("backward_input", x, wt, *geometry) == "depthwise"
+    assert ops._algorithm("backward_input", x, wt, *geometry) == "few_channels"
     assert ops._algorithm("backward_weight", x, wt, *geometry) == "direct"
     _run(case, "cuda", torch.float32)
 

@@ -6,7 +6,7 @@
 // many operand bytes from shared memory as it does math; here a k8 step is
 // one m64n256k8, both operands from shared memory.
 //
-// 3xTF32 (IEEE mode, kSplit): the tensor cores truncate as they
+// 3xTF32 (IEEE mode, kTf32x3): the tensor cores truncate as they
 // accumulate, so each k8 step's small*big + big*small + big*big goes into
 // a zeroed temporary that is added to the accumulators with FADDs (kGroup
 // steps per temporary, two or three by the length of K; see the launch). A
@@ -21,11 +21,11 @@
 // the products' rounding sets it (below 512: 1x1 dgrad), and over a long
 // K (at least cfg::kLongK: 5x9 dgrad of a and b), where the FP32 chain of
 // temporaries in the accumulators does and is also cut into segments whose
-// sums are added up in the output (tile_config.h).
+// sums are added up in the output (config.h).
 //
 // wgmma reads TF32 B only K-major, so the halo of a chunk of input channels
 // is stored channel-interleaved, [4-channel plane][pixel][4 channels], and
-// flattened with a power-of-two row pitch P (tile_config.h): the N
+// flattened with a power-of-two row pitch P (config.h): the N
 // positions of every tap are consecutive 16-byte rows, a tap just moves the
 // descriptor's start. Positions in the last (KW-1)*dw columns of each pitch
 // wrap into the next halo row; they are computed and not stored. Rows of a
@@ -33,7 +33,7 @@
 // rows + KH - 1 consecutive rows of that phase. Unit stride only.
 //
 // Row shifts (kShifts = 2, for at most 32 output channels per group, see
-// Layout in tile_config.h): M rows 32..63 compute the channels of rows
+// Layout in config.h): M rows 32..63 compute the channels of rows
 // 0..31 one output row further down, with the weights one kernel row
 // later. K then runs over KH + 1 kernel rows and each position row yields
 // two output rows, so the halo is stored by row phase (even rows, then odd
@@ -58,18 +58,18 @@
 
 #include <type_traits>
 
-#include "../tile_config.h"
-#include "common.cuh"
-#include "fprop_implicit_gemm.h"
-#include "kernel_sizes.cuh"
-#include "mma.cuh"
-#include "tensor_map.h"
+#include "../common.cuh"
+#include "../kernel_sizes.cuh"
+#include "../mma.cuh"
+#include "../tensor_map.h"
+#include "config.h"
+#include "sm90.h"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace {
 
-namespace cfg = igemm_fprop_flat;
+namespace cfg = igemm_fprop_sm90_flat;
 
 // Weights [Cout][Cin/g][KH][KW] -> [group][co tile][chunk][kh'][kw][k8 step]
 // [k half (2)][m (64)][4 channels]: wgmma's K-major A operand without
@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int KH_T, int KW_T, bool kSplit, int kGroup, int kShifts, bool kRoundBig>
-__global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
+template <int KH_T, int KW_T, bool kTf32x3, int kGroup, int kShifts, bool kRoundBig>
+__global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kTf32x3))
     fprop_flat_kernel(const __grid_constant__ CUtensorMap x_map, const ConvParams p,
                       const float* __restrict__ w_frag, const float* __restrict__ bias,
                       float* __restrict__ y, const cfg::Layout L) {
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
   auto convert_halo = [&](const Item& it, int chunk, int64_t c) {
     if (!it.valid) return;
     mbarrier_wait(&halo_full, static_cast<uint32_t>(c & 1));
-    float4* dst = reinterpret_cast<float4*>(smem + halo_at(kSplit ? 0 : static_cast<int>(c & 1)));
+    float4* dst = reinterpret_cast<float4*>(smem + halo_at(kTf32x3 ? 0 : static_cast<int>(c & 1)));
     float4* dst_small = reinterpret_cast<float4*>(smem + halo_at(1));
     const int c0 = chunk * 8 * L.ksteps;
     const int shift = it.iw0 & 3;
@@ -252,9 +252,9 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       const float* src = box + pair * 8 * channel_floats + shift;
       float4* out = dst + 2 * pair * hp;
       float4* out_small = dst_small + 2 * pair * hp;
-      if constexpr (kSplit) {
+      if constexpr (kTf32x3) {
         // 3xTF32 splits at a chunk's start, with the pipeline drained, so
-        // its latency is exposed: rounds of kSplitPixels pixels a thread (i0
+        // its latency is exposed: rounds of kTf32x3Pixels pixels a thread (i0
         // + u * kThreads), their 32 loads first, and per-element chains free
         // of predicates, so that the elements interleave. With a compare
         // per element for small's rounding (tf32_operand) and the channel
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
         // a full round of a full chunk is now 305 (docs/history, session 13).
         // `masked`: channels past the group's (a partial chunk); `tail`:
         // pixels past the box (loads clamped into it, stores skipped).
-        constexpr int kPixels = cfg::kSplitPixels;
+        constexpr int kPixels = cfg::kTf32x3Pixels;
         auto split_round = [&](auto masked, auto tail, int i0) {
           float v[kPixels][8];
 #pragma unroll
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
     const int s1 = position(1, stages, ahead);
     start_weights(item_ahead(ahead), s1, 1);
   }
-  if constexpr (!kSplit) {  // 3xTF32 rounds each chunk at its start
+  if constexpr (!kTf32x3) {  // 3xTF32 rounds each chunk at its start
     convert_halo(it, 0, 0);
     fence_proxy_async_smem();  // wgmma reads what the threads stored
     __syncthreads();
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       const int64_t q = local * stages + s;
       const int64_t c = local * L.chunks + chunk;
       const int wbuf = static_cast<int>(q & 1);
-      if constexpr (kSplit) {
+      if constexpr (kTf32x3) {
         // A chunk's first stage splits its halo; the previous stage's
         // barrier saw every wgmma that read the old one retire. Then the
         // box is free and the next chunk starts copying.
@@ -461,7 +461,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
       mbarrier_wait(&weights_full[wbuf], static_cast<uint32_t>((q >> 1) & 1));
 
       const uint32_t halo_addr =
-          smem_addr(smem + halo_at(kSplit ? 0 : static_cast<int>(c & 1)));
+          smem_addr(smem + halo_at(kTf32x3 ? 0 : static_cast<int>(c & 1)));
       const uint32_t plane_bytes = 4 * plane_floats;
       const uint32_t w_addr = smem_addr(smem + weights_at(wbuf));
       // Step order: taps in (kernel row, kernel column) order, k8 steps
@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
           }
         }
       };
-      if constexpr (kSplit) {
+      if constexpr (kTf32x3) {
         // This lane's A elements (mma.sync m16n8k8 layout: rows grp and
         // grp + 8 of the warp's 16, k tig and tig + 4) in the K-major stage.
         const float* w_lane = smem + weights_at(wbuf) + 4 * (16 * warp + grp) + tig;
@@ -641,8 +641,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kSplit))
 void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const at::Tensor& w,
                             const float* bias, at::Tensor& y, MathMode math,
                             WeightOrder order) {
-  const bool split = math == MathMode::kIEEE;  // 3xTF32
-  const cfg::Layout L = cfg::choose_layout(p, split);
+  const bool tf32x3 = math == MathMode::kIEEE;  // 3xTF32
+  const cfg::Layout L = cfg::choose_layout(p, tf32x3);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "sm_90 flat kernel for a problem it does not fit");
   // TMA reads from a 16-byte aligned base (rows are, by the plan); a view
@@ -662,7 +662,7 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_flat_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.ksteps, L.co_tiles,
-      L.shifts, total, order, /*round=*/!split);
+      L.shifts, total, order, /*round=*/!tf32x3);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const int64_t items = int64_t(L.tiles_w) * L.tiles_h * p.groups * L.co_tiles * p.batch;
@@ -673,29 +673,20 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
       // Persistent: as many blocks as fit on the GPU at once (the layout's
       // count, without an occupancy query per call).
       const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-      const int per_sm = std::max(cfg::blocks_per_sm(L.smem_bytes, split), 1);
+      const int per_sm = std::max(cfg::blocks_per_sm(L.smem_bytes, tf32x3), 1);
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, int64_t(per_sm) * sms));
       kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
           x_map, p, w_tiles.data_ptr<float>(), bias, y.data_ptr<float>(), L);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
-    // Steps per 3xTF32 temporary: three where K is long, two where it is
-    // short. Measured (8 seeds, relative error, docs/history): the sequence
-    // of temporaries sets the error of a long K (K = 1440: 2.64e-7 at two,
-    // 2.48e-7 at three; K = 576 equal), the products inside one a short K
-    // (K = 144: 2.01e-7 at two, 2.10e-7 at three, against cuDNN strict's
-    // 2.14e-7). Three also run a 9-step stage (5x9, 3x3) as three groups
-    // instead of five: 6% faster on a, b and c. Big parts rounded where
-    // truncated ones would leave more error than cuDNN's strict FP32 (see
-    // kRoundBig): K below 512 (the model puts K = 64 at 1.13e-7 rounded,
-    // 1.95e-7 truncated, cuDNN's 1x1 dgrad 1.45e-7) and K from kLongK on.
+    const cfg::Variant v = cfg::choose_variant(p, L, tf32x3);
     auto launch_shifted = [&](auto shifts) {
       constexpr int S = decltype(shifts)::value;
-      if (!split) {
+      if (!v.tf32x3) {
         launch(fprop_flat_kernel<KH, KW, false, 1, S, false>);
-      } else if (L.segment_stages > 0) {  // K >= cfg::kLongK
+      } else if (v.group == 3 && v.round_big) {
         launch(fprop_flat_kernel<KH, KW, true, 3, S, true>);
-      } else if (p.gemm_k() >= 512) {
+      } else if (v.group == 3) {
         launch(fprop_flat_kernel<KH, KW, true, 3, S, false>);
       } else {
         launch(fprop_flat_kernel<KH, KW, true, 2, S, true>);

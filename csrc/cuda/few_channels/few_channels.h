@@ -1,13 +1,13 @@
-// Direct FFMA kernels for few input channels per group: depthwise layers
-// and RGB stems (float32, sm_80 and newer: they stage tiles with cp.async).
-// The plan picks them (Algo::kDepthwise, Algo::kFewChannels) when
-// small_channels::*_fits() holds (csrc/tile_config.h).
+// The few-input-channel family (Algo::kFewChannels, and
+// Algo::kFewChannelsTensorCore for its tensor-core kernels): at most 4
+// input channels per group (depthwise layers, RGB stems), float32, sm_80
+// and newer (they stage tiles with cp.async). Tiles and fits(): config.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include "../conv_params.h"
-#include "../plan.h"
+#include "../../conv_params.h"
+#include "../../plan.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -15,33 +15,33 @@ namespace cuda {
 // Forward, or dgrad at unit stride as a forward (p = dgrad_as_fprop(layer),
 // x = grad_output, w = the layer's weight read in WeightOrder::kDgrad).
 // bias may be null.
-void launch_fprop_small_channels(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+void launch_fprop_few_channels(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                                  const float* bias, at::Tensor& y, WeightOrder order);
 
 // dgrad at any stride: each block gathers one stride phase of grad_input.
-void launch_dgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
+void launch_dgrad_few_channels(const ConvParams& p, const at::Tensor& grad_out,
                                  const at::Tensor& w, at::Tensor& grad_in);
 
 // wgrad, reduced over split slices of the output pixels in a fixed order.
-void launch_wgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
+void launch_wgrad_few_channels(const ConvParams& p, const at::Tensor& grad_out,
                                  const at::Tensor& x, at::Tensor& grad_w);
 
-// Forward of wide tiles (at least small_channels::kFpropTcMinCo output
+// Forward of wide tiles (at least few_channels::kFpropTcMinCo output
 // channels per group) on TF32 tensor cores: TF32, or 3xTF32 in IEEE mode
 // (Algo::kFewChannelsTensorCore). bias may be null.
-void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+void launch_fprop_few_channels_tc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                                     const float* bias, at::Tensor& y, MathMode math);
 
 // dgrad of every stride phase at once on TF32 tensor cores, TF32 mode
 // only, where the phases and input channels fill half an m16 tile or more
-// (RGB stems at stride 2; small_channels::dgrad_tc_fits;
+// (RGB stems at stride 2; few_channels::dgrad_tc_fits;
 // Algo::kFewChannelsTensorCore).
-void launch_dgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
+void launch_dgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
                                     const at::Tensor& w, at::Tensor& grad_in);
 
 // wgrad of wide tiles (more than 4 output channels per group) on TF32
 // tensor cores: TF32, or 3xTF32 in IEEE mode (Algo::kFewChannelsTensorCore).
-void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
+void launch_wgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
                                     const at::Tensor& x, at::Tensor& grad_w, MathMode math);
 
 }  // namespace cuda

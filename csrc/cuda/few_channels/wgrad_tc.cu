@@ -1,7 +1,7 @@
 // wgrad for few input channels per group and many output channels (RGB
 // stems) on TF32 tensor cores (mma.sync, sm_80+): TF32 in TF32 mode, 3xTF32
-// in IEEE mode (on Hopper by wgmma: wgrad_small_channels_wgmma.cuh). The
-// FFMA wide kernel (wgrad_small_channels.cu) tops out near a quarter of
+// in IEEE mode (on Hopper by wgmma: few_channels/wgrad_sm90.cuh). The
+// FFMA wide kernel (few_channels/wgrad.cu) tops out near a quarter of
 // the FFMA peak, while this GEMM's operands are few bytes per product: the
 // stem's 7.55 GFLOP take 15 us at the TF32 peak, 45 us in 3xTF32, against
 // 45 us to read its 122 MB once.
@@ -34,25 +34,25 @@
 
 #include <algorithm>
 
-#include "../plan.h"
-#include "mma.cuh"
-#include "small_channels.cuh"
-#include "small_channels.h"
-#include "split_reduce.cuh"
-#include "tensor_map.h"
-#include "wgrad_small_channels_wgmma.cuh"
+#include "../../plan.h"
+#include "../mma.cuh"
+#include "../split_reduce.cuh"
+#include "../tensor_map.h"
+#include "few_channels.cuh"
+#include "few_channels.h"
+#include "wgrad_sm90.cuh"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace {
 
-namespace sc = conv2d_ext::small_channels;
-using small_channels::HaloCols;
+namespace fc = conv2d_ext::few_channels;
+using few_channels::HaloCols;
 
-constexpr int kBlock = sc::kThreads;
+constexpr int kBlock = fc::kThreads;
 constexpr int kWarps = kBlock / 32;
-constexpr int kWarpN = sc::kWgradTcWarpN;
-constexpr int kMTiles = sc::kWgradTcCo / 16;
+constexpr int kWarpN = fc::kWgradTcWarpN;
+constexpr int kMTiles = fc::kWgradTcCo / 16;
 constexpr int kStepsPerTemp = 2;           // 3xTF32: six products per temporary
 
 // How a block's n8 tiles and a stage's k8 steps fall to its warps.
@@ -79,22 +79,22 @@ __device__ __forceinline__ WarpShare warp_share(int part_tiles, int warp) {
 // c ^ (r % 8). The tensor-copy engine writes it so, in two boxes; ldmatrix's
 // eight rows of a matrix then fall in eight different bank groups.
 __device__ __forceinline__ int go_swizzled(int row, int col) {
-  return (col >> 5) * (sc::kWgradTcCo * 32) + row * 32 +
+  return (col >> 5) * (fc::kWgradTcCo * 32) + row * 32 +
          ((((col & 31) >> 2) ^ (row & 7)) << 2) + (col & 3);
 }
 
-// kWgmma: Hopper's warpgroup MMA in 3xTF32 (sm_90a code only; see
-// wgrad_small_channels_wgmma.cuh). TF32 stays on mma.sync: two blocks an
+// kSm90: Hopper's warpgroup MMA in 3xTF32 (sm_90a code only; see
+// few_channels/wgrad_sm90.cuh). TF32 stays on mma.sync: two blocks an
 // SM of it measured faster than one of wgmma (rgb_3x5 0.147 ms against
 // 0.170, H100), and no faster on the stem.
-template <bool kSplit, bool kWgmma>
-__global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
+template <bool kTf32x3, bool kSm90>
+__global__ void __launch_bounds__(kBlock, kTf32x3 ? 1 : 2)
     wgrad_tc_kernel(const __grid_constant__ CUtensorMap x_map,
                     const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                     const float* __restrict__ grad_out, const float* __restrict__ x,
                     float* __restrict__ partial, bool vec, bool vec_go, bool tma, int halo_rows,
                     int pitch, int n_parts, int stages_per_slice) {
-  static_assert(kSplit || !kWgmma, "the wgmma stage is 3xTF32 only");
+  static_assert(kTf32x3 || !kSm90, "the wgmma stage is 3xTF32 only");
   extern __shared__ float4 smem4[];
   __shared__ uint64_t staged[2];
   // The swizzle's atoms are 1024-byte aligned (the launch adds the slack).
@@ -109,19 +109,19 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
   const int nt_per_part = (nt_total + n_parts - 1) / n_parts;
 
   // blockIdx.x -> (group, co tile, part of the n8 tiles).
-  const int co_tiles = (cout_g + sc::kWgradTcCo - 1) / sc::kWgradTcCo;
+  const int co_tiles = (cout_g + fc::kWgradTcCo - 1) / fc::kWgradTcCo;
   const int part = blockIdx.x % n_parts;
-  const int co0 = (blockIdx.x / n_parts % co_tiles) * sc::kWgradTcCo;
+  const int co0 = (blockIdx.x / n_parts % co_tiles) * fc::kWgradTcCo;
   const int g = blockIdx.x / n_parts / co_tiles;
   const int part_n0 = part * nt_per_part;
   const int part_tiles = min(nt_per_part, nt_total - part_n0);
-  const int co_here = min(sc::kWgradTcCo, cout_g - co0);
+  const int co_here = min(fc::kWgradTcCo, cout_g - co0);
 
   // Buffers (floats): two raw stages, each grad_output (go_swizzled) then
   // the halo [ci][halo_rows][pitch]; 3xTF32 adds one of small parts.
   const int plane = halo_rows * pitch;
-  constexpr int go_floats = sc::kWgradTcCo * sc::kTileCols;
-  const int buf_floats = sc::wgrad_tc_buffer_floats(cin_g, plane);
+  constexpr int go_floats = fc::kWgradTcCo * fc::kTileCols;
+  const int buf_floats = fc::wgrad_tc_buffer_floats(cin_g, plane);
   auto buffer = [&](int b) { return smem + b * buf_floats; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
   const uint32_t arow = 4u * 32 * ((mat & 1) * 8 + (lane & 7));
 
   float acc[kMTiles][kWarpN][4];
-  float tmp[kSplit ? kMTiles : 1][kSplit ? kWarpN : 1][4];
+  float tmp[kTf32x3 ? kMTiles : 1][kTf32x3 ? kWarpN : 1][4];
   zero_fragments(acc);
   zero_fragments(tmp);
 
@@ -152,10 +152,10 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
   // accumulators, this lane's A rows gq and gq + 8 as byte offsets.
   [[maybe_unused]] const int w_tiles =
       min(wgrad_tc::kMaxTiles, (n_total + 63) / 64 - part * wgrad_tc::kMaxTiles);
-  [[maybe_unused]] const wgrad_tc::WgmmaTiles wt = wgrad_tc::wgmma_tiles(w_tiles, warp / 4);
+  [[maybe_unused]] const wgrad_tc::Sm90Tiles wt = wgrad_tc::wgmma_tiles(w_tiles, warp / 4);
   [[maybe_unused]] uint32_t aoff[2][2];
-  [[maybe_unused]] float wacc[kWgmma ? 2 : 1][8][4], wtmp[kWgmma ? 2 : 1][8][4];
-  if constexpr (kWgmma) {
+  [[maybe_unused]] float wacc[kSm90 ? 2 : 1][8][4], wtmp[kSm90 ? 2 : 1][8][4];
+  if constexpr (kSm90) {
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     zero_fragments(wacc);
   }
   auto flush_tmp = [&] {
-    if constexpr (kSplit) {
+    if constexpr (kTf32x3) {
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
@@ -183,12 +183,12 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     }
   };
 
-  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  const int tiles_w = (Wo + fc::kTileCols - 1) / fc::kTileCols;
   const int ptiles = Ho * tiles_w;
   const int total = p.batch * ptiles;
   const int first = blockIdx.y * stages_per_slice;
   const int last = min(first + stages_per_slice, total);
-  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
+  const int halo_cols = (fc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
   // Stage s is (image n, output row oh, columns from ow0), ow0 fastest.
   // Cursors step by one stage with carries: the divisions of a stage's
   // origin were a sixth of the RGB wgrad's stall samples (H100, IEEE).
@@ -197,10 +197,10 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
   };
   auto origin = [&](int s) {
     const int n = s / ptiles, pt = s - n * ptiles, oh = pt / tiles_w;
-    return Origin{n, oh, (pt - oh * tiles_w) * sc::kTileCols};
+    return Origin{n, oh, (pt - oh * tiles_w) * fc::kTileCols};
   };
   auto next = [&](Origin& o) {
-    if ((o.ow0 += sc::kTileCols) >= Wo) {
+    if ((o.ow0 += fc::kTileCols) >= Wo) {
       o.ow0 = 0;
       if (++o.oh == Ho) {
         o.oh = 0;
@@ -208,12 +208,12 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
       }
     }
   };
-  small_channels::CopyRing<2> ring(staged, tma);
+  few_channels::CopyRing<2> ring(staged, tma);
   const uint32_t stage_bytes = 4u * (go_floats + cin_g * plane);
   auto stage = [&](const Origin& o, int b) {
     const auto [n, oh, ow0] = o;
     float* dst = buffer(b);
-    const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+    const HaloCols hc = few_channels::halo_cols(ow0 * sw - p.pad_w, vec);
     if (tma) {
       if (threadIdx.x == 0) {
         mbarrier_arrive_expect_tx(&ring.barrier[b], stage_bytes);
@@ -229,21 +229,21 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
         grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo) + oh * Wo + ow0;
     const int64_t go_plane = int64_t(Ho) * Wo;
     if (vec_go) {  // 16-byte chunks: whole inside or outside the row (Wo % 4 == 0)
-      for (int e = threadIdx.x; e < sc::kWgradTcCo * sc::kTileCols / 4; e += kBlock) {
+      for (int e = threadIdx.x; e < fc::kWgradTcCo * fc::kTileCols / 4; e += kBlock) {
         const int row = e >> 4, col = (e & 15) * 4;
         const bool inside = row < co_here && ow0 + col < Wo;
         cp_async_16_or_zero(dst + go_swizzled(row, col),
                             inside ? go_row + row * go_plane + col : grad_out, inside);
       }
     } else {
-      for (int e = threadIdx.x; e < sc::kWgradTcCo * sc::kTileCols; e += kBlock) {
+      for (int e = threadIdx.x; e < fc::kWgradTcCo * fc::kTileCols; e += kBlock) {
         const int row = e >> 6, col = e & 63;
         const bool inside = row < co_here && ow0 + col < Wo;
         cp_async_4(dst + go_swizzled(row, col), inside ? go_row + row * go_plane + col : grad_out,
                    inside);
       }
     }
-    small_channels::stage_halo(dst + go_floats, x + plane_offset(n, p.in_channels, g * cin_g, H * W),
+    few_channels::stage_halo(dst + go_floats, x + plane_offset(n, p.in_channels, g * cin_g, H * W),
                                cin_g, H, W, oh * sh - p.pad_h, halo_rows, hc, halo_cols, pitch,
                                plane, vec);
   };
@@ -270,23 +270,23 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     // instructions fewer (mma.cuh has the error bounds). wgmma reads
     // grad_output where the threads stored it: fenced as for the
     // tensor-copy engine.
-    small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kApart,
+    few_channels::tensor_core_operands<kTf32x3, few_channels::OperandLayout::kApart,
                                          /*kRoundSmall=*/false,
-                                         /*kBatch=*/kSplit ? 4 : 1>(
+                                         /*kBatch=*/kTf32x3 ? 4 : 1>(
         reinterpret_cast<float4*>(buf), reinterpret_cast<float4*>(buffer(2)),
-        buf_floats / 4, tma || kWgmma);
+        buf_floats / 4, tma || kSm90);
     const int ow0 = cur.ow0;
-    const int cols = min(sc::kTileCols, Wo - ow0);
-    if constexpr (kWgmma) {
+    const int cols = min(fc::kTileCols, Wo - ow0);
+    if constexpr (kSm90) {
       const uint32_t base = smem_addr(buf);
-      const uint32_t xbase = base + 4u * small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead;
+      const uint32_t xbase = base + 4u * few_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead;
       auto run = [&](auto tiles) {
         constexpr int kTiles = decltype(tiles)::value;
-        if (cols == sc::kTileCols) {
-          wgrad_tc::wgrad_stage_wgmma<kTiles, false>(wacc, wtmp, aoff, xbase, base, small_bytes,
+        if (cols == fc::kTileCols) {
+          wgrad_tc::wgrad_stage_sm90<kTiles, false>(wacc, wtmp, aoff, xbase, base, small_bytes,
                                                      sw, cols);
         } else {
-          wgrad_tc::wgrad_stage_wgmma<kTiles, true>(wacc, wtmp, aoff, xbase, base, small_bytes,
+          wgrad_tc::wgrad_stage_sm90<kTiles, true>(wacc, wtmp, aoff, xbase, base, small_bytes,
                                                     sw, cols);
         }
       };
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
     }
     const int steps = (cols + 7) / 8;
     const uint32_t base = smem_addr(buf);
-    const uint32_t xbase = base + 4u * (small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead);
+    const uint32_t xbase = base + 4u * (few_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead);
     // The warp's step loop at a compile-time tile count: no branch per n8
     // tile, and the products of a step issue as independent groups.
     auto steps_of = [&](auto nt_c) {
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
         for (int j = 0; j < NT; ++j) {
           bb[j][0] = __float_as_uint(lds_f32(xk + boff[j]));
           bb[j][1] = __float_as_uint(lds_f32(xk + boff[j] + 16u * sw));
-          if constexpr (kSplit) {
+          if constexpr (kTf32x3) {
             bs[j][0] = __float_as_uint(lds_f32(xk + boff[j] + small_bytes));
             bs[j][1] = __float_as_uint(lds_f32(xk + boff[j] + 16u * sw + small_bytes));
           }
@@ -330,14 +330,14 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
         const uint32_t a_step = (t >> 2) * (4u * go_floats / 2) + arow +
                                 ((((t & 3) * 2 + (mat >> 1)) ^ (lane & 7)) << 4);
         uint32_t ab[kMTiles][4];
-        [[maybe_unused]] uint32_t as[kSplit ? kMTiles : 1][4];
+        [[maybe_unused]] uint32_t as[kTf32x3 ? kMTiles : 1][4];
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
           const uint32_t a_addr = base + a_step + i * (4u * 16 * 32);
           ldmatrix_x4(ab[i], a_addr);
-          if constexpr (kSplit) ldmatrix_x4(as[i], a_addr + small_bytes);
+          if constexpr (kTf32x3) ldmatrix_x4(as[i], a_addr + small_bytes);
         }
-        if constexpr (kSplit) {
+        if constexpr (kTf32x3) {
           mma_3xtf32</*kFresh=*/false, NT>(tmp, ab, as, bb, bs);
           if (++steps_in_temp == kStepsPerTemp) {
             flush_tmp();
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
       default: steps_of(Int<kWarpN>{}); break;
     }
   }
-  if constexpr (kWgmma) {
+  if constexpr (kSm90) {
     // Sums of a tile both warpgroups hold meet in warpgroup order; each
     // tile is written by one warpgroup.
     __syncthreads();  // the last stage's operands are consumed
@@ -443,36 +443,36 @@ __global__ void __launch_bounds__(kBlock, kSplit ? 1 : 2)
 
 }  // namespace
 
-void launch_wgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
+void launch_wgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
                                     const at::Tensor& x, at::Tensor& grad_w, MathMode math) {
-  const bool split = math == MathMode::kIEEE;
-  TORCH_CHECK(sc::wgrad_tc_fits(p, split),
-              "conv2d_ext: internal error: small-channel tensor-core wgrad does not fit");
-  const sc::Halo h = sc::wgrad_tc_halo(p);
+  const bool tf32x3 = math == MathMode::kIEEE;
+  TORCH_CHECK(fc::wgrad_tc_fits(p, tf32x3),
+              "conv2d_ext: internal error: few-channel tensor-core wgrad does not fit");
+  const fc::Halo h = fc::wgrad_tc_halo(p);
   const int64_t nt_total = ceil_div(p.in_channels_per_group() * p.kernel_h * p.kernel_w, 8);
   const int n_parts = static_cast<int>(ceil_div(nt_total, int64_t(kWarpN) * kWarps));
-  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), sc::kWgradTcCo);
+  const int64_t co_tiles = ceil_div(p.out_channels_per_group(), fc::kWgradTcCo);
   const int64_t blocks_x = p.groups * co_tiles * n_parts;
-  const int64_t stages = p.batch * p.out_h * ceil_div(p.out_w, sc::kTileCols);
+  const int64_t stages = p.batch * p.out_h * ceil_div(p.out_w, fc::kTileCols);
   TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
-              "conv2d_ext: problem too large for the small-channel wgrad");
-  const bool wgmma = split && few_channel_wgrad_wgmma(current_sm());
-  const small_channels::Split sp = small_channels::split_stages(
-      blocks_x, stages, split ? 1 : 2, grad_w, p.weight_numel());
-  const size_t smem = static_cast<size_t>(sc::wgrad_tc_smem_bytes(p, split));
-  const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
-  const bool vec_go = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
+              "conv2d_ext: problem too large for the few-channel wgrad");
+  const bool sm90 = tf32x3 && few_channels_wgrad_sm90(current_sm());
+  const few_channels::Split sp = few_channels::split_stages(
+      blocks_x, stages, tf32x3 ? 1 : 2, grad_w, p.weight_numel());
+  const size_t smem = static_cast<size_t>(fc::wgrad_tc_smem_bytes(p, tf32x3));
+  const bool vec = few_channels::can_vectorise(x.data_ptr(), p.in_w);
+  const bool vec_go = few_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
   // On Hopper, the tensor-copy engine stages both (rows of a multiple of 4
   // floats, as for 16-byte copies).
-  const bool tma = vec_go && small_channels::tma_stages(vec, h);
+  const bool tma = vec_go && few_channels::tma_stages(vec, h);
   CUtensorMap x_map{}, go_map{};  // not read without tma
   if (tma) {
     x_map = nchw_tensor_map(x, static_cast<uint32_t>(h.pitch), static_cast<uint32_t>(h.rows),
                             static_cast<uint32_t>(p.in_channels_per_group()), 1);
-    go_map = nchw_tensor_map(grad_out, 32, 1, sc::kWgradTcCo, 1, /*swizzle_128b=*/true);
+    go_map = nchw_tensor_map(grad_out, 32, 1, fc::kWgradTcCo, 1, /*swizzle_128b=*/true);
   }
-  auto kernel = wgmma   ? wgrad_tc_kernel<true, true>
-                : split ? wgrad_tc_kernel<true, false>
+  auto kernel = sm90   ? wgrad_tc_kernel<true, true>
+                : tf32x3 ? wgrad_tc_kernel<true, false>
                         : wgrad_tc_kernel<false, false>;
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, sp.slices), kBlock, smem, at::cuda::getCurrentCUDAStream()>>>(

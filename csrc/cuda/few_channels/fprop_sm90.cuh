@@ -1,5 +1,5 @@
 // The few-channel forward's stage on Hopper (sm_90a code only), for the
-// kernel in fprop_small_channels_tc.cu: that kernel stages the halo and the
+// kernel in few_channels/fprop_tc.cu: that kernel stages the halo and the
 // weights for this stage and for the mma.sync one of other GPUs.
 #pragma once
 
@@ -7,20 +7,20 @@
 
 #include <cstdint>
 
-#include "../conv_params.h"
-#include "../tile_config.h"
-#include "common.cuh"
-#include "kernel_sizes.cuh"
-#include "mma.cuh"
-#include "small_channels.cuh"
+#include "../../conv_params.h"
+#include "../common.cuh"
+#include "../kernel_sizes.cuh"
+#include "../mma.cuh"
+#include "config.h"
+#include "few_channels.cuh"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace fprop_tc {
 
-namespace sc = conv2d_ext::small_channels;
+namespace fc = conv2d_ext::few_channels;
 
-constexpr int kCo = sc::kFpropTcCo;
+constexpr int kCo = fc::kFpropTcCo;
 // The output box the tensor-copy engine writes: 32 columns x 2 rows x 64
 // channels.
 constexpr int kOutBoxFloats = 32 * 2 * kCo;
@@ -46,9 +46,9 @@ constexpr int kOutBoxFloats = 32 * 2 * kCo;
 // groups alternate: while one's wgmmas run, the other's temporary is added
 // and its next A gathered. A's registers and a temporary are rewritten only
 // after the wait that ends the wgmmas reading them.
-template <bool kSplit, int kSW>
-__device__ __forceinline__ void fprop_stage_wgmma(
-    const ConvParams& p, const sc::FpropTcLayout& L, const int* k_table, const float* bias_s,
+template <bool kTf32x3, int kSW>
+__device__ __forceinline__ void fprop_stage_sm90(
+    const ConvParams& p, const fc::FpropTcLayout& L, const int* k_table, const float* bias_s,
     uint32_t x_stage, uint32_t w_big, float* __restrict__ y, int n, int g, int co0, int co_here,
     int oh0, int ow0, int lead, bool vec_out, const CUtensorMap* y_map, float* out_stage) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -61,21 +61,21 @@ __device__ __forceinline__ void fprop_stage_wgmma(
   const bool active = oh_a < Ho;
   if (!active && y_map == nullptr) return;
   const int n_total = p.in_channels_per_group() * p.kernel_h * p.kernel_w;
-  constexpr int kPer = kSplit ? 2 : 1;  // k8 steps per group of wgmmas
-  constexpr uint32_t kElem = kSplit ? 8 : 4;  // a staged element: [big, small] for 3xTF32
+  constexpr int kPer = kTf32x3 ? 2 : 1;  // k8 steps per group of wgmmas
+  constexpr uint32_t kElem = kTf32x3 ? 8 : 4;  // a staged element: [big, small] for 3xTF32
   const uint32_t xa = x_stage + kElem * ((2 * wg) * sh * L.pitch + lead + (16 * wq + 2 * gq) * sw);
   const uint32_t row_bytes = kElem * sh * L.pitch;  // to the warpgroup's second row
   const uint32_t col_bytes = kElem * sw;            // to A's row gq + 8: the next column
-  [[maybe_unused]] const uint32_t w_small = w_big + 4u * sc::fprop_tc_weight_floats(L, true);
+  [[maybe_unused]] const uint32_t w_small = w_big + 4u * fc::fprop_tc_weight_floats(L, true);
   constexpr uint32_t kStepBytes = 4 * 8 * kCo;
 
   uint32_t ab[2][kPer][4];
-  [[maybe_unused]] uint32_t as[kSplit ? 2 : 1][kPer][4];
+  [[maybe_unused]] uint32_t as[kTf32x3 ? 2 : 1][kPer][4];
   float acc[2][8][4];
-  [[maybe_unused]] float tmp[kSplit ? 2 : 1][8][4];
+  [[maybe_unused]] float tmp[kTf32x3 ? 2 : 1][8][4];
   // This thread's channels 8j + 2tq and the next.
   auto bias_of = [&](int j, int h) { return bias_s[8 * j + 2 * tq + h]; };
-  if constexpr (!kSplit) {
+  if constexpr (!kTf32x3) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -89,10 +89,10 @@ __device__ __forceinline__ void fprop_stage_wgmma(
   // same k), then both at k + 4; zero at K past the group's pairs (Inf
   // input times a zero weight would be NaN).
   auto load_a = [&](int t, int m, int i) {
-    const int2 ko = small_channels::k8_offsets(k_table, t, tq);
+    const int2 ko = few_channels::k8_offsets(k_table, t, tq);
     const uint32_t p0 = xa + m * row_bytes + kElem * ko.x, p1 = xa + m * row_bytes + kElem * ko.y;
     uint32_t(&b)[4] = ab[m][i];
-    if constexpr (kSplit) {
+    if constexpr (kTf32x3) {
       uint32_t(&sm)[4] = as[m][i];
       lds_u32x2(p0, b[0], sm[0]);
       lds_u32x2(p0 + col_bytes, b[1], sm[1]);
@@ -110,7 +110,7 @@ __device__ __forceinline__ void fprop_stage_wgmma(
       for (int e = 0; e < 4; ++e) {
         if (!(e < 2 ? keep0 : keep1)) {
           b[e] = 0u;
-          if constexpr (kSplit) as[m][i][e] = 0u;
+          if constexpr (kTf32x3) as[m][i][e] = 0u;
         }
       }
     }
@@ -119,7 +119,7 @@ __device__ __forceinline__ void fprop_stage_wgmma(
   auto issue = [&](int t, int m, auto count) {
     constexpr int kCount = decltype(count)::value;
     wgmma_fence();
-    if constexpr (kSplit) {
+    if constexpr (kTf32x3) {
 #pragma unroll
       for (int i = 0; i < kCount; ++i) {
         const uint64_t big = wgmma_desc_k8(w_big + kStepBytes * (t + i));
@@ -140,7 +140,7 @@ __device__ __forceinline__ void fprop_stage_wgmma(
     wgmma_commit();
   };
   auto add = [&](int m, bool first) {  // `first` folds away: the chains are unrolled
-    if constexpr (kSplit) {
+    if constexpr (kTf32x3) {
       wgmma_fence_operands(tmp[m]);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -203,8 +203,8 @@ __device__ __forceinline__ void fprop_stage_wgmma(
     if (t < L.k_steps) chain(t, Int<1>{}, Int<1>{}, kLater);
   };
   if (active) {
-    run(std::bool_constant<kSplit>{});  // 3xTF32 adds the bias with the first temporaries
-    if constexpr (!kSplit) {
+    run(std::bool_constant<kTf32x3>{});  // 3xTF32 adds the bias with the first temporaries
+    if constexpr (!kTf32x3) {
       wgmma_fence_operands(acc[0]);
       wgmma_fence_operands(acc[1]);
     }

@@ -1,5 +1,5 @@
 // Device pieces shared by the direct kernels for few input channels per
-// group (fprop/dgrad/wgrad_small_channels.cu): staging an input tile with
+// group (fprop/dgrad/few_channels/wgrad.cu): staging an input tile with
 // its halo in shared memory.
 #pragma once
 
@@ -8,17 +8,17 @@
 
 #include <algorithm>
 
-#include "../plan.h"
-#include "../tile_config.h"
-#include "common.cuh"
-#include "kernel_sizes.cuh"
-#include "mma.cuh"
+#include "../../plan.h"
+#include "../common.cuh"
+#include "../kernel_sizes.cuh"
+#include "../mma.cuh"
+#include "config.h"
 
 namespace conv2d_ext {
 namespace cuda {
-namespace small_channels {
+namespace few_channels {
 
-using conv2d_ext::small_channels::kThreads;
+using conv2d_ext::few_channels::kThreads;
 
 // Where a staged tile's columns sit: image column c is at shared column
 // c - first + lead. With 16-byte copies the staged columns start at the
@@ -103,23 +103,23 @@ struct CopyRing {
 
 // The tensor-core kernels' operands from a staged buffer, once per block
 // instead of once per warp that reads them: `pieces` 16-byte pieces of
-// `raw`, rounded to TF32 in place, or (kSplit, 3xTF32) split into a big
+// `raw`, rounded to TF32 in place, or (kTf32x3, 3xTF32) split into a big
 // part rounded to nearest and a small part, laid out as kLayout says.
 // Then a barrier; where the tensor-copy engine refills `raw` later (tma),
 // a proxy fence first orders these generic-proxy writes before its
 // async-proxy ones.
-enum class SplitLayout {
+enum class OperandLayout {
   kApart,  // big in place, small at the same piece of `out` (read apart)
   kPairs,  // [big, small] pairs in `out`, twice the floats (one 8-byte load)
 };
-template <bool kSplit, SplitLayout kLayout, bool kRoundSmall, int kBatch>
+template <bool kTf32x3, OperandLayout kLayout, bool kRoundSmall, int kBatch>
 __device__ __forceinline__ void tensor_core_operands(float4* raw, float4* out, int pieces,
                                                      bool tma) {
   auto convert = [&](int e, float4 v) {
-    if constexpr (kSplit) {
+    if constexpr (kTf32x3) {
       uint32_t big[4], small[4];
       tf32_split4</*kRoundBig=*/true, kRoundSmall>(v, big, small);
-      if constexpr (kLayout == SplitLayout::kPairs) {
+      if constexpr (kLayout == OperandLayout::kPairs) {
         st_shared_16(out + 2 * e, big[0], small[0], big[1], small[1]);
         st_shared_16(out + 2 * e + 1, big[2], small[2], big[3], small[3]);
       } else {
@@ -164,7 +164,7 @@ __device__ __forceinline__ int2 k8_offsets(const int* table, int t, int tq) {
 // kNarrowMaxCo): the tiles hold exactly the group's channels.
 template <typename Fn>
 void dispatch_narrow_channels(int64_t cout_g, Fn&& fn) {
-  static_assert(conv2d_ext::small_channels::kNarrowMaxCo == 4, "one case per channel count");
+  static_assert(conv2d_ext::few_channels::kNarrowMaxCo == 4, "one case per channel count");
   switch (cout_g) {
     case 1: return fn(Int<1>{});
     case 2: return fn(Int<2>{});
@@ -197,7 +197,7 @@ inline Split split_stages(int64_t tiles, int64_t stages, int waves, const at::Te
 
 // Whether the tensor-copy engine stages halos of `h` on this GPU: it reads
 // the rows 16-byte copies would (vec), in boxes of at most kMaxTmaBox.
-inline bool tma_stages(bool vec, const conv2d_ext::small_channels::Halo& h) {
+inline bool tma_stages(bool vec, const conv2d_ext::few_channels::Halo& h) {
   return vec && hopper_kernels(current_sm()) && h.pitch <= kMaxTmaBox && h.rows <= kMaxTmaBox;
 }
 
@@ -206,6 +206,6 @@ inline bool can_vectorise(const void* base, int64_t W) {
   return W % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
 }
 
-}  // namespace small_channels
+}  // namespace few_channels
 }  // namespace cuda
 }  // namespace conv2d_ext

@@ -17,11 +17,11 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
-#include "../tile_config.h"
-#include "common.cuh"
-#include "fprop_implicit_gemm.h"
-#include "kernel_sizes.cuh"
-#include "mma.cuh"
+#include "../common.cuh"
+#include "../kernel_sizes.cuh"
+#include "../mma.cuh"
+#include "config.h"
+#include "implicit_gemm.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -42,16 +42,16 @@ namespace cfg = igemm_fprop;
 __global__ void __launch_bounds__(kThreads)
     rearrange_weights_kernel(const ConvParams p, const float* __restrict__ w,
                              float* __restrict__ out, int chunks, int co_tiles,
-                             int64_t total, bool wgmma, MathMode math, WeightOrder order) {
-  const bool split = wgmma && math == MathMode::kIEEE;
-  const int per_tap = cfg::weight_floats_per_tap(wgmma, split);
+                             int64_t total, bool sm90, MathMode math, WeightOrder order) {
+  const bool tf32x3 = sm90 && math == MathMode::kIEEE;
+  const int per_tap = cfg::weight_floats_per_tap(sm90, tf32x3);
   for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * kThreads) {
     const WeightTileIndex t = decode_weight_tile_index(e, per_tap, 1, p.kernel_h, p.kernel_w,
                                                        chunks, co_tiles);
     const int within = t.within;
     int n, k;
-    if (wgmma) {
+    if (sm90) {
       n = ((within >> 6) & 7) * 8 + ((within >> 2) & 7);
       k = ((within >> 5) & 1) * 4 + (within & 3);
     } else {
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads)
                              t.chunk * cfg::kChunk + k, t.kh, t.kw);
     if (math == MathMode::kTF32) {
       v = __uint_as_float(tf32_operand(v));
-    } else if (split) {
+    } else if (tf32x3) {
       uint32_t big, small;
       tf32_split(v, big, small);
       v = __uint_as_float(within < cfg::kCo * cfg::kChunk ? big : small);
@@ -82,7 +82,7 @@ struct TapOperands {
 
 // One k8 step of the warp tile. Operands are rounded or split one B
 // fragment at a time to keep register pressure down.
-template <TcMath kMath, int kFrags>
+template <MathMode kMath, int kFrags>
 __device__ __forceinline__ void mma_step(float (&acc)[kFrags][8][4],
                                          const TapOperands<kFrags>& op) {
   const auto& a = op.a;
@@ -91,7 +91,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[kFrags][8][4],
   for (int f = 0; f < kFrags; ++f)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if constexpr (kMath == TcMath::kTF32) {
+      if constexpr (kMath == MathMode::kTF32) {
         a_big[f][i] = tf32_operand(a[f][i]);
       } else {
         tf32_split(a[f][i], a_big[f][i], a_small[f][i]);
@@ -107,7 +107,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[kFrags][8][4],
       uint32_t b_big[2], b_small[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        if constexpr (kMath == TcMath::kTF32) {
+        if constexpr (kMath == MathMode::kTF32) {
           b_big[i] = __float_as_uint(raw[h][i]);  // rounded when rearranged
         } else {
           tf32_split(raw[h][i], b_big[i], b_small[i]);
@@ -115,7 +115,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[kFrags][8][4],
       }
 #pragma unroll
       for (int f = 0; f < kFrags; ++f) {
-        if constexpr (kMath == TcMath::k3xTF32) {
+        if constexpr (kMath == MathMode::kIEEE) {
           // The tensor cores truncate when they accumulate, a bias that
           // grows with the length of an accumulation chain. Each k step
           // therefore starts from zero (small products first, then
@@ -134,7 +134,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[kFrags][8][4],
   }
 }
 
-template <int KH_T, int KW_T, TcMath kMath, bool kWgmma>
+template <int KH_T, int KW_T, MathMode kMath, bool kSm90>
 __global__ void __launch_bounds__(cfg::kThreads, 2)
     fprop_igemm_kernel(const ConvParams p, const float* __restrict__ x,
                        const float* __restrict__ w_frag,
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
         // whose buffers the prefetch of stage s+1 then refills while stage s
         // computes.
         cp_async_wait<0>();
-        if constexpr (kWgmma) fence_proxy_async_smem();  // B is read by wgmma
+        if constexpr (kSm90) fence_proxy_async_smem();  // B is read by wgmma
         __syncthreads();
         if (s + 1 < stages) {
           // The next chunk's halo goes in during this chunk's last stage.
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 #pragma unroll
           for (int pr = 0; pr < 4; ++pr) op.b[pr] = wb[t * 4 * 32 + pr * 32];
         };
-        if constexpr (kWgmma && kMath == TcMath::k3xTF32) {
+        if constexpr (kSm90 && kMath == MathMode::kIEEE) {
           // Per tap and m16 fragment, small*big + big*small + big*big into a
           // zeroed temporary (the first wgmma does not accumulate), which
           // is then added to the sum with round-to-nearest FADDs, as in the
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
             wgmma_wait<0>();
             add(3);
           }
-        } else if constexpr (kWgmma) {
+        } else if constexpr (kSm90) {
           // The warpgroup (the whole block) issues one m64n64k8 per m16
           // fragment of its warps: B comes straight from the staged weights,
           // A from registers, which must stay untouched until the wgmma
@@ -404,9 +404,9 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 
 void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
                                 const at::Tensor& w, const float* bias,
-                                at::Tensor& y, MathMode math, bool wgmma, WeightOrder order) {
-  const bool split = wgmma && math == MathMode::kIEEE;  // weights pre-split
-  const cfg::Layout L = cfg::layout(p, cfg::weight_floats_per_tap(wgmma, split));
+                                at::Tensor& y, MathMode math, bool sm90, WeightOrder order) {
+  const bool tf32x3 = sm90 && math == MathMode::kIEEE;  // weights pre-split
+  const cfg::Layout L = cfg::layout(p, cfg::weight_floats_per_tap(sm90, tf32x3));
   auto stream = at::cuda::getCurrentCUDAStream();
 
   const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * p.kernel_h *
@@ -415,7 +415,7 @@ void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.co_tiles, total,
-      wgmma, math, order);
+      sm90, math, order);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const dim3 grid(ceil_div(p.out_h, cfg::kRows) * ceil_div(p.out_w, cfg::kCols),
@@ -424,12 +424,12 @@ void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
   const bool unit_stride = p.stride_h == 1 && p.stride_w == 1;
   dispatch_kernel_size(p.kernel_h, p.kernel_w, unit_stride, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-    auto kernel = wgmma ? (math == MathMode::kTF32
-                               ? fprop_igemm_kernel<KH, KW, TcMath::kTF32, true>
-                               : fprop_igemm_kernel<KH, KW, TcMath::k3xTF32, true>)
+    auto kernel = sm90 ? (math == MathMode::kTF32
+                               ? fprop_igemm_kernel<KH, KW, MathMode::kTF32, true>
+                               : fprop_igemm_kernel<KH, KW, MathMode::kIEEE, true>)
                   : math == MathMode::kTF32
-                      ? fprop_igemm_kernel<KH, KW, TcMath::kTF32, false>
-                      : fprop_igemm_kernel<KH, KW, TcMath::k3xTF32, false>;
+                      ? fprop_igemm_kernel<KH, KW, MathMode::kTF32, false>
+                      : fprop_igemm_kernel<KH, KW, MathMode::kIEEE, false>;
     ensure_dynamic_smem(kernel, L.smem_bytes);
     kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(
         p, x.data_ptr<float>(), w_tiles.data_ptr<float>(), bias,

@@ -31,22 +31,22 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../plan.h"
-#include "kernel_sizes.cuh"
-#include "small_channels.cuh"
-#include "small_channels.h"
-#include "tensor_map.h"
+#include "../../plan.h"
+#include "../kernel_sizes.cuh"
+#include "../tensor_map.h"
+#include "few_channels.cuh"
+#include "few_channels.h"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace {
 
-namespace sc = conv2d_ext::small_channels;
-using small_channels::HaloCols;
+namespace fc = conv2d_ext::few_channels;
+using few_channels::HaloCols;
 
-constexpr int kRows = sc::kNarrowRows;
-constexpr int kTileRows = kRows * sc::kSlots;
-constexpr int kChunk = sc::kDgradCoChunk;
+constexpr int kRows = fc::kNarrowRows;
+constexpr int kTileRows = kRows * fc::kSlots;
+constexpr int kChunk = fc::kDgradCoChunk;
 
 // The taps of one kernel dimension that reach phase `ph`: tap k reaches it
 // when (ph + pad - k * dil) % stride == 0. Returns the first such tap (or
@@ -122,7 +122,7 @@ __device__ __forceinline__ void accumulate_column(const float* s, const float* w
 // + 4 (b kCh + q). part[2 r + c] is row r, column c. Each sum takes its
 // products in accumulate_column's order, so both paths give the same bits.
 constexpr int kPairRows = 4;  // 8 warps of 32 column pairs: a 32 x 64 tile
-static_assert(2 * kPairRows == kRows && sc::kThreads == 8 * 32 && sc::kTileCols == 64,
+static_assert(2 * kPairRows == kRows && fc::kThreads == 8 * 32 && fc::kTileCols == 64,
               "the pair path covers the one-column path's tile and sums");
 template <int kCh, int kCw, int kCi, int kPitch, int kOdd>
 __device__ __forceinline__ void accumulate_pairs(const float* s, const float* w,
@@ -284,8 +284,8 @@ struct BlockOrder {
 // two pitches' pair variants made ptxas spill in the chunk loop, and both
 // tilings ran 2.5x slower).
 template <int KH_T, int KW_T, int kCi, bool kWide>
-__global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
-    dgrad_small_channels_kernel(const __grid_constant__ CUtensorMap go_map, const ConvParams p,
+__global__ void __launch_bounds__(fc::kThreads, kBlocksPerSm)
+    dgrad_few_channels_kernel(const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                                 const float* __restrict__ grad_out,
                                 const float* __restrict__ w,
                                 const float* __restrict__ w_phase, int phase_floats,
@@ -295,11 +295,11 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
                                 bool pairs_allowed, const BlockOrder order) {
   // Specialised sizes stage at a fixed pitch (the launch checks it fits).
   // Wide tiles (pairs only) stage at their own fixed pitch.
-  constexpr int kPitch = kWide ? sc::kDgradWidePitch : KH_T > 0 ? sc::kDgradPitch : 0;
+  constexpr int kPitch = kWide ? fc::kDgradWidePitch : KH_T > 0 ? fc::kDgradPitch : 0;
   const int pitch = static_or<kPitch>(pitch_arg);
   extern __shared__ __align__(128) float4 smem4[];  // the tensor copy writes 128-byte aligned
   __shared__ uint64_t staged[2];
-  small_channels::CopyRing<2> ring(staged, tma);
+  few_channels::CopyRing<2> ring(staged, tma);
   // `stages` buffers (two where they fit: the next chunk's copies fly while
   // this one computes), each grad_output [kChunk][halo_rows][pitch], then
   // the weights: [kChunk][kh][kw][4 ci]; window phases: [kChunk][kw tap
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
   const int off_w_min = tw.off_first - (tw.count - 1) * tw.off_step;
   const int rows_needed = tile_rows + (th.count - 1) * th.off_step;
   const int cols_needed = tile_cols + (tw.count - 1) * tw.off_step;
-  const HaloCols hc = small_channels::halo_cols(j0 + off_w_min, vec);
+  const HaloCols hc = few_channels::halo_cols(j0 + off_w_min, vec);
 
   const bool any_tap = th.count > 0 && tw.count > 0;
   // Window phases (the launch arranged their weights: dilation divides the
@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
   const int group = threadIdx.x / tile_pairs;  // the thread's row group (pairs)
   const bool live = !pairs || group < tile_rows / kPairRows;
   const int col = pairs ? (live ? 2 * (threadIdx.x - group * tile_pairs) : 0)
-                        : threadIdx.x % sc::kTileCols;
-  const int r0 = pairs ? (live ? group : 0) * kPairRows : (threadIdx.x / sc::kTileCols) * kRows;
+                        : threadIdx.x % fc::kTileCols;
+  const int r0 = pairs ? (live ? group : 0) * kPairRows : (threadIdx.x / fc::kTileCols) * kRows;
   // The first row of the warp's first thread, and its first column: a warp
   // wholly past the phase (or past the row groups) skips the taps.
   const int warp_r0 = pairs ? (threadIdx.x & ~31) / tile_pairs * kPairRows : r0;
@@ -404,19 +404,19 @@ __global__ void __launch_bounds__(sc::kThreads, kBlocksPerSm)
               }
             }
           } else {
-            small_channels::stage_halo(
+            few_channels::stage_halo(
                 s_go(b), grad_out + plane_offset(n, p.out_channels, g * cout_g + co0, Ho * Wo),
                 chunk, Ho, Wo, i0 + off_h_min, rows_needed, hc, cols_needed, pitch,
                 halo_rows * pitch, vec);
             if (window) {
               grid_dependency_wait();  // the arrangement kernel has written w_phase
-              for (int e = threadIdx.x; e < w_vecs; e += sc::kThreads)
+              for (int e = threadIdx.x; e < w_vecs; e += fc::kThreads)
                 cp_async_16(s_w(b) + 4 * e, w_chunk + 4 * e);
             }
           }
           cp_async_commit();
           if (!window) {
-            for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += sc::kThreads) {
+            for (int e = threadIdx.x; e < kChunk * KH * KW * 4; e += fc::kThreads) {
               const int ci = e % 4;
               const int tap = (e / 4) % (KH * KW);
               const int co = co0 + e / (4 * KH * KW);
@@ -548,7 +548,7 @@ BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, int6
                        int64_t tile_cols, dim3 grid) {
   BlockOrder order{};
   const int64_t phases = p.stride_h * p.stride_w, pairs = tiles * phases;
-  if (!few_channel_dgrad_order() || pairs > kMaxOrdered) return order;
+  if (!option(Option::kFewChannelsDgradOrder) || pairs > kMaxOrdered) return order;
   int64_t taps[kMaxOrdered];  // per phase (phases <= pairs)
   for (int64_t phase = 0; phase < phases; ++phase) {
     const int ph = static_cast<int>(phase / p.stride_w), pw = static_cast<int>(phase % p.stride_w);
@@ -594,19 +594,19 @@ BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, int6
 template <int KH, int KW, int kCi>
 bool wide_tiles(const ConvParams& p) {
   if constexpr (KH > 0) {
-    if (!few_channel_dgrad_pairs() || !few_channel_dgrad_wide() || p.stride_h != 2 ||
+    if (!option(Option::kFewChannelsDgradPairs) || !option(Option::kFewChannelsDgradWide) || p.stride_h != 2 ||
         p.stride_w != 2 || p.dilation_h != 1 || p.dilation_w != 1)
       return false;
     const int64_t cols = ceil_div(p.in_w, 2);
-    if (cols <= sc::kTileCols || cols > sc::kDgradWideCols) return false;
+    if (cols <= fc::kTileCols || cols > fc::kDgradWideCols) return false;
     for (int ph = 0; ph < 2; ++ph)
       for (int pw = 0; pw < 2; ++pw) {
         const PhaseTaps th = phase_taps(ph, static_cast<int>(p.pad_h), KH, 2, 1);
         const PhaseTaps tw = phase_taps(pw, static_cast<int>(p.pad_w), KW, 2, 1);
         if (!pair_variant<KH, kCi>(th.count, tw.count)) return false;
       }
-    const sc::Halo h = sc::dgrad_wide_halo(p);
-    return h.pitch == sc::kDgradWidePitch && sc::dgrad_stages(p, h) == 2;
+    const fc::Halo h = fc::dgrad_wide_halo(p);
+    return h.pitch == fc::kDgradWidePitch && fc::dgrad_stages(p, h) == 2;
   } else {
     return false;
   }
@@ -617,24 +617,24 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
             bool vec) {
   if constexpr (KH > 0) {
     // Strides and dilations whose halo is wider than the fixed pitch.
-    if (sc::dgrad_halo(p).pitch != sc::kDgradPitch) {
+    if (fc::dgrad_halo(p).pitch != fc::kDgradPitch) {
       return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
     }
   }
   // One tile geometry, its halo and stages (wide_tiles checked two fit).
   const bool wide = wide_tiles<KH, KW, kCi>(p);
-  const sc::Halo h = wide ? sc::dgrad_wide_halo(p) : sc::dgrad_halo(p);
-  const int64_t tile_rows = wide ? sc::kDgradWideRows : kTileRows;
-  const int64_t tile_cols = wide ? sc::kDgradWideCols : sc::kTileCols;
-  const int stages = sc::dgrad_stages(p, h);
-  const int64_t stage_floats = sc::dgrad_stage_floats(p, h);
+  const fc::Halo h = wide ? fc::dgrad_wide_halo(p) : fc::dgrad_halo(p);
+  const int64_t tile_rows = wide ? fc::kDgradWideRows : kTileRows;
+  const int64_t tile_cols = wide ? fc::kDgradWideCols : fc::kTileCols;
+  const int stages = fc::dgrad_stages(p, h);
+  const int64_t stage_floats = fc::dgrad_stage_floats(p, h);
   const size_t smem =
-      static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : sc::dgrad_smem_bytes(p, h));
+      static_cast<size_t>(stages == 2 ? 2 * 4 * stage_floats : fc::dgrad_smem_bytes(p, h));
   const int64_t tiles_w = ceil_div(ceil_div(p.in_w, p.stride_w), tile_cols);
   const int64_t tiles = ceil_div(ceil_div(p.in_h, p.stride_h), tile_rows) * tiles_w;
   const int64_t phases = p.stride_h * p.stride_w;
   const int64_t blocks = tiles * phases;
-  TORCH_CHECK(blocks < (int64_t(1) << 31), "conv2d_ext: input too large for the small-channel dgrad");
+  TORCH_CHECK(blocks < (int64_t(1) << 31), "conv2d_ext: input too large for the few-channel dgrad");
   auto stream = at::cuda::getCurrentCUDAStream();
 
   // Window phases read their weights prearranged (see the kernel); strides
@@ -645,7 +645,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
     const int64_t co_pad = ceil_div(p.out_channels_per_group(), kChunk) * kChunk;
     const int64_t floats = co_pad * p.kernel_h * p.kernel_w * 4;
     TORCH_CHECK(floats < (int64_t(1) << 31) && phases < (int64_t(1) << 31),
-                "conv2d_ext: weight too large for the small-channel dgrad");
+                "conv2d_ext: weight too large for the few-channel dgrad");
     phase_floats = static_cast<int>(floats);
     w_phase = at::empty({p.groups * phases * floats}, grad_out.options());
     const dim3 grid(static_cast<unsigned>(ceil_div(floats, 256)),
@@ -656,7 +656,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
-  const bool tma = small_channels::tma_stages(vec, h);
+  const bool tma = few_channels::tma_stages(vec, h);
   CUtensorMap go_map{};  // not read without tma
   if (tma) {
     go_map = nchw_tensor_map(grad_out, static_cast<uint32_t>(h.pitch),
@@ -664,9 +664,9 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   }
   const dim3 grid(blocks, std::min(p.groups, kMaxGridYZ), std::min(p.batch, kMaxGridYZ));
   const BlockOrder order = block_order(p, tiles, tiles_w, tile_rows, tile_cols, grid);
-  auto kernel = dgrad_small_channels_kernel<KH, KW, kCi, false>;
+  auto kernel = dgrad_few_channels_kernel<KH, KW, kCi, false>;
   if constexpr (KH > 0 && kCi >= 2) {
-    if (wide) kernel = dgrad_small_channels_kernel<KH, KW, kCi, true>;
+    if (wide) kernel = dgrad_few_channels_kernel<KH, KW, kCi, true>;
   }
   ensure_dynamic_smem(kernel, smem);
   // After the arrangement kernel, a programmatic dependent launch (sm_90):
@@ -674,7 +674,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   // the Hopper code switched off, the plain launch other GPUs take.
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
-  config.blockDim = dim3(sc::kThreads);
+  config.blockDim = dim3(fc::kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute{};
@@ -689,18 +689,18 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
       w_phase.defined() ? w_phase.data_ptr<float>() : nullptr, phase_floats, gi, vec, tma, h.rows,
       h.pitch, static_cast<int>(tiles_w), static_cast<int>(tile_rows),
       static_cast<int>(tile_cols), stages, static_cast<int>(stage_floats),
-      few_channel_dgrad_pairs(), order));
+      option(Option::kFewChannelsDgradPairs), order));
 }
 
 }  // namespace
 
-void launch_dgrad_small_channels(const ConvParams& p, const at::Tensor& grad_out,
+void launch_dgrad_few_channels(const ConvParams& p, const at::Tensor& grad_out,
                                  const at::Tensor& w, at::Tensor& grad_in) {
-  TORCH_CHECK(sc::dgrad_fits(p), "conv2d_ext: internal error: small-channel dgrad does not fit");
-  const bool vec = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
+  TORCH_CHECK(fc::dgrad_fits(p), "conv2d_ext: internal error: few-channel dgrad does not fit");
+  const bool vec = few_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
   const float* wp = w.data_ptr<float>();
   float* gi = grad_in.data_ptr<float>();
-  dispatch_small_channel_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
+  dispatch_few_channels_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
     switch (p.in_channels_per_group()) {
       case 1:

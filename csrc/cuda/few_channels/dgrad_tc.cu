@@ -1,13 +1,13 @@
 // dgrad for few input channels per group and many output channels at
 // stride 2 (RGB stems) on TF32 tensor cores (mma.sync, sm_80+), TF32 mode
-// only. The FFMA gather (dgrad_small_channels.cu) takes one stride phase
+// only. The FFMA gather (few_channels/dgrad.cu) takes one stride phase
 // per block with the group's input channels as its accumulators: 0.34-0.36
 // ms on the stem (H100) against 0.22 for this kernel in TF32 mode. 3xTF32
 // on it measured 0.50 ms, and on wgmma (positions as M, the 16 rows as N)
 // 0.46-0.55 with more error than cuDNN's strict FP32, so IEEE mode keeps
 // the gather (docs/history).
 //
-// All phases at once (tile_config.h, DgradTcLayout): grad_input pixel
+// All phases at once (config.h, DgradTcLayout): grad_input pixel
 // (i * stride + py, j * stride + px) is the sum over output channels co and
 // window offsets (dh, dw) of grad_output[co][i + dh][j + dw] times the
 // weight of the tap that reaches phase (py, px) from that offset (zero
@@ -30,23 +30,23 @@
 
 #include <algorithm>
 
-#include "../plan.h"
-#include "mma.cuh"
-#include "small_channels.cuh"
-#include "small_channels.h"
-#include "tensor_map.h"
+#include "../../plan.h"
+#include "../mma.cuh"
+#include "../tensor_map.h"
+#include "few_channels.cuh"
+#include "few_channels.h"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace {
 
-namespace sc = conv2d_ext::small_channels;
-using small_channels::HaloCols;
+namespace fc = conv2d_ext::few_channels;
+using few_channels::HaloCols;
 
-constexpr int kBlock = sc::kThreads;
+constexpr int kBlock = fc::kThreads;
 constexpr int kNT = 4;  // n8 tiles of positions per warp
-constexpr int kChunk = sc::kDgradTcChunk;
-static_assert(kBlock / 32 == 2 * sc::kDgradTcRows && 2 * 8 * kNT == sc::kTileCols,
+constexpr int kChunk = fc::kDgradTcChunk;
+static_assert(kBlock / 32 == 2 * fc::kDgradTcRows && 2 * 8 * kNT == fc::kTileCols,
               "two warps a row, 32 columns each");
 
 // Row r of M: phase (py, px) = (r / cin / sw, r / cin % sw), channel r % cin.
@@ -63,11 +63,11 @@ __device__ __forceinline__ Row row_of(int r, int cin_g, int sh, int sw) {
 // row r and k = (channel, dh, dw) holding the weight of the tap that
 // reaches row r's phase from offset (dh, dw).
 __global__ void arrange_dgrad_tc_weights(const ConvParams p, const float* __restrict__ w,
-                                         float* __restrict__ out, const sc::DgradTcLayout L,
+                                         float* __restrict__ out, const fc::DgradTcLayout L,
                                          int n_chunks) {
   const int wins = L.win_h.count * L.win_w.count;
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= sc::kDgradTcN * L.weight_pitch) return;
+  if (e >= fc::kDgradTcN * L.weight_pitch) return;
   const int r = e / L.weight_pitch, k = e - r * L.weight_pitch;
   const Row row = row_of(r, p.in_channels_per_group(), p.stride_h, p.stride_w);
   const int co_l = k / wins, win = k - co_l * wins;
@@ -88,7 +88,7 @@ __global__ void arrange_dgrad_tc_weights(const ConvParams p, const float* __rest
 __global__ void __launch_bounds__(kBlock, 2)
     dgrad_tc_kernel(const __grid_constant__ CUtensorMap go_map, const ConvParams p,
                     const float* __restrict__ grad_out, const float* __restrict__ w_arr,
-                    float* __restrict__ grad_in, const sc::DgradTcLayout L, bool vec, bool tma) {
+                    float* __restrict__ grad_in, const fc::DgradTcLayout L, bool vec, bool tma) {
   extern __shared__ float4 smem4[];
   __shared__ uint64_t staged[2];
   // The tensor-copy engine writes 128-byte aligned boxes (the launch adds
@@ -118,29 +118,29 @@ __global__ void __launch_bounds__(kBlock, 2)
       const int co_l = k / wins, win = k - co_l * wins;
       off = co_l * plane + (win / L.win_w.count) * pitch + win % L.win_w.count;
     }
-    k_table[small_channels::k_offset_slot(k)] = off;
+    k_table[few_channels::k_offset_slot(k)] = off;
   }
 
   // Stage s is (image n, phase rows from i0, columns from j0); chunk c its
   // output channels c * kChunk on.
   const int rows_p = (H + sh - 1) / sh, cols_p = (W + sw - 1) / sw;  // the phase grid
-  const int tiles_w = (cols_p + sc::kTileCols - 1) / sc::kTileCols;
-  const int per_image = (rows_p + sc::kDgradTcRows - 1) / sc::kDgradTcRows * tiles_w;
+  const int tiles_w = (cols_p + fc::kTileCols - 1) / fc::kTileCols;
+  const int per_image = (rows_p + fc::kDgradTcRows - 1) / fc::kDgradTcRows * tiles_w;
   const int total = p.batch * per_image;
   struct Item {
     int s, c, n, i0, j0;
   };
   auto item = [&](int s, int c) {
     const int n = s / per_image, t = s - n * per_image, th = t / tiles_w;
-    return Item{s, c, n, th * sc::kDgradTcRows, (t - th * tiles_w) * sc::kTileCols};
+    return Item{s, c, n, th * fc::kDgradTcRows, (t - th * tiles_w) * fc::kTileCols};
   };
-  const int halo_cols = sc::kTileCols + L.win_w.count - 1;
-  small_channels::CopyRing<2> ring(staged, tma);
+  const int halo_cols = fc::kTileCols + L.win_w.count - 1;
+  few_channels::CopyRing<2> ring(staged, tma);
   const uint32_t w_bytes = 4u * L.weight_floats;
   auto stage = [&](const Item& it, int b) {
     float* dst = buffer(b);
     const int co0 = it.c * kChunk;
-    const HaloCols hc = small_channels::halo_cols(it.j0 + L.win_w.first, vec);
+    const HaloCols hc = few_channels::halo_cols(it.j0 + L.win_w.first, vec);
     const float* w_src = w_arr + int64_t(g * n_chunks + it.c) * L.weight_floats;
     if (tma) {
       // The box holds kChunk channels; past the chunk's its k are masked.
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kBlock, 2)
       }
       return;
     }
-    small_channels::stage_halo(
+    few_channels::stage_halo(
         dst, grad_out + plane_offset(it.n, p.out_channels, g * cout_g + co0, Ho * Wo),
         min(kChunk, cout_g - co0), Ho, Wo, it.i0 + L.win_h.first, L.halo_rows, hc, halo_cols,
         pitch, plane, vec);
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kBlock, 2)
   // k 0-3, then at k 4-7).
   const int mat = lane >> 3;
   const uint32_t a_lane = 4u * (((mat & 1) * 8 + (lane & 7)) * wpitch + (mat >> 1) * 4);
-  const int rr = warp / 2, c_warp = (warp & 1) * (sc::kTileCols / 2);
+  const int rr = warp / 2, c_warp = (warp & 1) * (fc::kTileCols / 2);
   // This thread's rows of M: gq and gq + 8.
   const Row rows[2] = {row_of(gq, cin_g, sh, sw), row_of(gq + 8, cin_g, sh, sw)};
 
@@ -188,13 +188,13 @@ __global__ void __launch_bounds__(kBlock, 2)
                                            : item(cur.s + step, 0);
     if (next.s < total) stage(next, b ^ 1);  // flies under this chunk's work
     cp_async_commit();
-    small_channels::tensor_core_operands</*kSplit=*/false, small_channels::SplitLayout::kPairs,
+    few_channels::tensor_core_operands</*kTf32x3=*/false, few_channels::OperandLayout::kPairs,
                                          /*kRoundSmall=*/true, /*kBatch=*/1>(
         reinterpret_cast<float4*>(buffer(b)), nullptr, L.halo_floats / 4, tma);
 
     const int i = cur.i0 + rr, c0 = cur.j0 + c_warp;  // the warp's row and first column
     if (i < rows_p && c0 < cols_p) {                   // warp-uniform
-      const int lead = small_channels::halo_cols(cur.j0 + L.win_w.first, vec).lead;
+      const int lead = few_channels::halo_cols(cur.j0 + L.win_w.first, vec).lead;
       const uint32_t xb = smem_addr(buffer(b)) + 4u * (rr * pitch + lead + c_warp + gq);
       const uint32_t a_base = smem_addr(buffer(b) + L.halo_floats) + a_lane;
       // K past the chunk's channels (the last chunk) or its window: zero B.
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kBlock, 2)
       float part[1][kNT][4];
       zero_fragments(part);
       for (int t = 0; t < L.k_steps; ++t) {
-        const int2 ko = small_channels::k8_offsets(k_table, t, tq);
+        const int2 ko = few_channels::k8_offsets(k_table, t, tq);
         const uint32_t b0 = xb + 4u * ko.x, b1 = xb + 4u * ko.y;
         uint32_t bb[kNT][2];
 #pragma unroll
@@ -256,31 +256,31 @@ __global__ void __launch_bounds__(kBlock, 2)
 
 }  // namespace
 
-void launch_dgrad_small_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
+void launch_dgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
                                     const at::Tensor& w, at::Tensor& grad_in) {
-  TORCH_CHECK(sc::dgrad_tc_fits(p),
-              "conv2d_ext: internal error: small-channel tensor-core dgrad does not fit");
-  const sc::DgradTcLayout L = sc::dgrad_tc_layout(p);
+  TORCH_CHECK(fc::dgrad_tc_fits(p),
+              "conv2d_ext: internal error: few-channel tensor-core dgrad does not fit");
+  const fc::DgradTcLayout L = fc::dgrad_tc_layout(p);
   const int64_t n_chunks = ceil_div(p.out_channels_per_group(), kChunk);
   const int64_t rows_p = ceil_div(p.in_h, p.stride_h), cols_p = ceil_div(p.in_w, p.stride_w);
   const int64_t stages =
-      p.batch * ceil_div(rows_p, sc::kDgradTcRows) * ceil_div(cols_p, sc::kTileCols);
+      p.batch * ceil_div(rows_p, fc::kDgradTcRows) * ceil_div(cols_p, fc::kTileCols);
   TORCH_CHECK(stages < (int64_t(1) << 31) && p.groups <= kMaxGridYZ &&
                   p.groups * n_chunks * L.weight_floats < (int64_t(1) << 31),
-              "conv2d_ext: problem too large for the small-channel tensor-core dgrad");
+              "conv2d_ext: problem too large for the few-channel tensor-core dgrad");
   auto stream = at::cuda::getCurrentCUDAStream();
 
   // The weights, arranged (and rounded) once per call.
   at::Tensor w_arr = at::empty({p.groups * n_chunks * L.weight_floats}, w.options());
-  const dim3 arrange_grid(static_cast<unsigned>(ceil_div(sc::kDgradTcN * L.weight_pitch, 256)),
+  const dim3 arrange_grid(static_cast<unsigned>(ceil_div(fc::kDgradTcN * L.weight_pitch, 256)),
                           static_cast<unsigned>(std::min(p.groups * n_chunks, kMaxGridYZ)));
   arrange_dgrad_tc_weights<<<arrange_grid, 256, 0, stream>>>(
       p, w.data_ptr<float>(), w_arr.data_ptr<float>(), L, static_cast<int>(n_chunks));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const bool vec = small_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
-  const sc::Halo h{L.halo_rows, L.pitch, int64_t(L.halo_rows) * L.pitch};
-  const bool tma = small_channels::tma_stages(vec, h);
+  const bool vec = few_channels::can_vectorise(grad_out.data_ptr(), p.out_w);
+  const fc::Halo h{L.halo_rows, L.pitch, int64_t(L.halo_rows) * L.pitch};
+  const bool tma = few_channels::tma_stages(vec, h);
   CUtensorMap go_map{};  // not read without tma
   if (tma) {
     go_map = nchw_tensor_map(grad_out, static_cast<uint32_t>(L.pitch),

@@ -21,7 +21,7 @@
 //
 // The tensor cores' accumulation truncates, so in 3xTF32 mode (which must
 // be FP32-accurate) the accumulators are added to FP32 sums in shared
-// memory and restarted after every output row of a tile (tile_config.h,
+// memory and restarted after every output row of a tile (config.h,
 // Layout::sum_floats). The sums in turn are stored and restarted every few
 // K tiles (sum_chunking), each chunk into a workspace slot of its own, so
 // that no FP32 chain runs the length of a slice; the slots are summed in
@@ -33,11 +33,11 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
-#include "../tile_config.h"
-#include "common.cuh"
-#include "mma.cuh"
-#include "split_reduce.cuh"
-#include "wgrad_implicit_gemm.h"
+#include "../common.cuh"
+#include "../mma.cuh"
+#include "../split_reduce.cuh"
+#include "config.h"
+#include "implicit_gemm.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -64,7 +64,7 @@ struct HaloCursor {
   }
 };
 
-template <TcMath kMath>
+template <MathMode kMath>
 __global__ void __launch_bounds__(cfg::kThreads, 1)
     wgrad_igemm_kernel(const ConvParams p, const float* __restrict__ go,
                        const float* __restrict__ x, float* __restrict__ partial,
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
   // 3xTF32: this thread's FP32 sums (Layout::sum_floats), a float4 per
   // m16 fragment of each unit, [unit][fragment][lane] so that a warp's
   // 16-byte accesses take the minimum of shared-memory wavefronts.
-  constexpr bool kSums = kMath == TcMath::k3xTF32;
+  constexpr bool kSums = kMath == MathMode::kIEEE;
   float4* sums = reinterpret_cast<float4*>(smem + 2 * L.stage_floats) +
                  warp * L.units_per_warp * 4 * 32 + lane;
   // Adds the accumulators to the sums and restarts them: after every
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
                               a_src[8 * cfg::kGoPitch + 4]};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            if (kMath == TcMath::kTF32) {
+            if (kMath == MathMode::kTF32) {
               a_big[f][e] = tf32_operand(v[e]);
             } else {
               tf32_split</*kRoundBig=*/true>(v[e], a_big[f][e], a_small[f][e]);
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
           const float* b_src = xs + b_off[j] + x_row;
           const float v0 = keep0 ? b_src[0] : 0.f;
           const float v1 = keep1 ? b_src[4 * sw] : 0.f;
-          if (kMath == TcMath::kTF32) {
+          if (kMath == MathMode::kTF32) {
             const uint32_t b[2] = {tf32_operand(v0), tf32_operand(v1)};
 #pragma unroll
             for (int f = 0; f < 4; ++f) mma_tf32(acc[j][f], a_big[f], b);
@@ -329,8 +329,8 @@ void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
   const cfg::Layout L = cfg::layout(p, math == MathMode::kIEEE, current_sm());
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "tensor-core wgrad for a problem it does not fit");
-  auto kernel = math == MathMode::kTF32 ? wgrad_igemm_kernel<TcMath::kTF32>
-                                        : wgrad_igemm_kernel<TcMath::k3xTF32>;
+  auto kernel = math == MathMode::kTF32 ? wgrad_igemm_kernel<MathMode::kTF32>
+                                        : wgrad_igemm_kernel<MathMode::kIEEE>;
   ensure_dynamic_smem(kernel, L.smem_bytes);
 
   // One wave: as many K slices as fill every SM at the kernel's occupancy.

@@ -1,8 +1,8 @@
 // Forward for few input channels per group and many output channels (RGB
 // stems) on TF32 tensor cores: TF32 in TF32 mode, 3xTF32 in IEEE mode;
-// mma.sync on sm_80+, and on Hopper wgmma (fprop_small_channels_wgmma.cuh),
+// mma.sync on sm_80+, and on Hopper wgmma (few_channels/fprop_sm90.cuh),
 // with the output stored through the tensor-copy engine where whole boxes
-// fit. The FFMA wide kernel (fprop_small_channels.cu) is issue-bound near
+// fit. The FFMA wide kernel (few_channels/fprop.cu) is issue-bound near
 // 40% of the FFMA peak, while this GEMM takes the stem's 7.55 GFLOP in 15 us
 // at the TF32 peak (45 us in 3xTF32): its floor is the output, written once
 // (103 MB for the stem, 268 MB for rgb_3x5).
@@ -37,43 +37,43 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
-#include "../plan.h"
-#include "fprop_small_channels_wgmma.cuh"
-#include "mma.cuh"
-#include "small_channels.cuh"
-#include "small_channels.h"
-#include "tensor_map.h"
+#include "../../plan.h"
+#include "../mma.cuh"
+#include "../tensor_map.h"
+#include "few_channels.cuh"
+#include "few_channels.h"
+#include "fprop_sm90.cuh"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace {
 
-namespace sc = conv2d_ext::small_channels;
-using small_channels::HaloCols;
+namespace fc = conv2d_ext::few_channels;
+using few_channels::HaloCols;
 
-constexpr int kBlock = sc::kThreads;
+constexpr int kBlock = fc::kThreads;
 constexpr int kWarps = kBlock / 32;
 using fprop_tc::kCo;
 using fprop_tc::kOutBoxFloats;
 constexpr int kMTiles = kCo / 16;
-constexpr int kNT = sc::kFpropTcWarpN;
-constexpr int kRows = sc::kFpropTcRows;
-static_assert(kWarps == 2 * kRows && 2 * 8 * kNT == sc::kTileCols,
+constexpr int kNT = fc::kFpropTcWarpN;
+constexpr int kRows = fc::kFpropTcRows;
+static_assert(kWarps == 2 * kRows && 2 * 8 * kNT == fc::kTileCols,
               "two warps a row, 32 columns each");
 
 // kSW: the column stride at compile time (n8 tiles' loads then differ by
-// immediate offsets), or 0 for any. kWgmma: Hopper's warpgroup MMA with the
-// GEMM turned around (sm_90a code only; see fprop_small_channels_wgmma.cuh).
-template <bool kSplit, int kSW, bool kWgmma>
-__global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
+// immediate offsets), or 0 for any. kSm90: Hopper's warpgroup MMA with the
+// GEMM turned around (sm_90a code only; see few_channels/fprop_sm90.cuh).
+template <bool kTf32x3, int kSW, bool kSm90>
+__global__ void __launch_bounds__(kBlock, kTf32x3 || kSm90 ? 1 : 2)
     fprop_tc_kernel(const __grid_constant__ CUtensorMap x_map,
                     const __grid_constant__ CUtensorMap y_map, const ConvParams p,
                     const float* __restrict__ x, const float* __restrict__ w,
                     const float* __restrict__ bias, float* __restrict__ y,
-                    const sc::FpropTcLayout L, bool vec, bool tma, bool vec_out, bool tma_out) {
+                    const fc::FpropTcLayout L, bool vec, bool tma, bool vec_out, bool tma_out) {
   extern __shared__ float4 smem4[];
   __shared__ uint64_t staged[2];
-  static_assert(sizeof(staged) <= sc::kFpropTcStaticSmemBytes, "the plan's budget");
+  static_assert(sizeof(staged) <= fc::kFpropTcStaticSmemBytes, "the plan's budget");
   // The tensor-copy engine writes 128-byte aligned boxes (the launch adds
   // the slack).
   float* const smem = reinterpret_cast<float*>(smem4) +
@@ -94,18 +94,18 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
   // Shared memory (floats): weights (big, then small for 3xTF32), the k
   // offset table, two raw halo buffers, 3xTF32's split one (twice as large).
   float* const w_big = smem;
-  const int w_floats = sc::fprop_tc_weight_floats(L, kWgmma);
+  const int w_floats = fc::fprop_tc_weight_floats(L, kSm90);
   [[maybe_unused]] float* const w_small = smem + w_floats;
-  int* const k_table = reinterpret_cast<int*>(smem + (kSplit ? 2 : 1) * w_floats);
+  int* const k_table = reinterpret_cast<int*>(smem + (kTf32x3 ? 2 : 1) * w_floats);
   // wgmma: the tile's bias after the table (registers are short there).
   [[maybe_unused]] float* const bias_s = reinterpret_cast<float*>(k_table) + L.k_steps * 8;
-  float* const buf0 = smem + (kSplit ? 2 : 1) * w_floats + L.table_floats;
+  float* const buf0 = smem + (kTf32x3 ? 2 : 1) * w_floats + L.table_floats;
   auto buffer = [&](int b) { return buf0 + b * L.buffer_floats; };
-  [[maybe_unused]] float* const split_buf = buffer(2);
+  [[maybe_unused]] float* const tf32x3_buf = buffer(2);
   // wgmma with stores by tensor copy: each warpgroup's two output boxes, 1024-
   // byte aligned for the swizzle (the launch adds the slack).
   [[maybe_unused]] float* const out_stage =
-      buffer(kSplit ? 4 : 2) + ((1024 - (smem_addr(buffer(kSplit ? 4 : 2)) & 1023)) & 1023) / 4;
+      buffer(kTf32x3 ? 4 : 2) + ((1024 - (smem_addr(buffer(kTf32x3 ? 4 : 2)) & 1023)) & 1023) / 4;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane >> 2, tq = lane & 3;
@@ -115,10 +115,10 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
   // that lane tq reads the offsets of k = 8t + tq and 8t + tq + 4 as one
   // 8-byte word at step t.
   const float* w_tile = w + (int64_t(g) * cout_g + co0) * n_total;
-  const int w_elems = kWgmma ? L.k_steps * 8 * kCo : kCo * wpitch;
+  const int w_elems = kSm90 ? L.k_steps * 8 * kCo : kCo * wpitch;
   for (int e = threadIdx.x; e < w_elems; e += kBlock) {
     int co, k;
-    if constexpr (kWgmma) {  // [k8 step][8-channel block][k half][channel (8)][k (4)]
+    if constexpr (kSm90) {  // [k8 step][8-channel block][k half][channel (8)][k (4)]
       const int r = e & 511;
       co = (r >> 6) * 8 + ((r >> 2) & 7);
       k = (e >> 9) * 8 + ((r >> 5) & 1) * 4 + (r & 3);
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       k = e - co * wpitch;
     }
     const float v = co < co_here && k < n_total ? w_tile[int64_t(co) * n_total + k] : 0.f;
-    if constexpr (kSplit) {
+    if constexpr (kTf32x3) {
       uint32_t big, small;
       tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/true>(v, big, small);
       w_big[e] = __uint_as_float(big);
@@ -142,12 +142,12 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       const int ci = k / taps, tap = k - ci * taps;
       off = ci * plane + (tap / KW) * p.dilation_h * pitch + (tap % KW) * p.dilation_w;
     }
-    k_table[small_channels::k_offset_slot(k)] = off;
+    k_table[few_channels::k_offset_slot(k)] = off;
   }
-  if constexpr (kWgmma) fence_proxy_async_smem();  // the weights are wgmma's B
+  if constexpr (kSm90) fence_proxy_async_smem();  // the weights are wgmma's B
   // This thread's output channels: i * 16 + gq, and 8 more (mma.sync).
-  float bias_v[kWgmma ? 1 : kMTiles][2];
-  if constexpr (kWgmma) {
+  float bias_v[kSm90 ? 1 : kMTiles][2];
+  if constexpr (kSm90) {
     for (int co = threadIdx.x; co < kCo; co += kBlock) {
       bias_s[co] = bias != nullptr && co < co_here ? bias[g * cout_g + co0 + co] : 0.f;
     }
@@ -161,10 +161,10 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       }
   }
 
-  const int tiles_w = (Wo + sc::kTileCols - 1) / sc::kTileCols;
+  const int tiles_w = (Wo + fc::kTileCols - 1) / fc::kTileCols;
   const int per_image = (Ho + kRows - 1) / kRows * tiles_w;
   const int total = p.batch * per_image;
-  const int halo_cols = (sc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
+  const int halo_cols = (fc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
   // Stage s is (image n, output rows from oh0, columns from ow0); each
   // stage's origin is found once, when it is staged, and kept for its work.
   struct Origin {
@@ -172,14 +172,14 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
   };
   auto origin = [&](int s) {
     const int n = s / per_image, t = s - n * per_image, th = t / tiles_w;
-    return Origin{n, th * kRows, (t - th * tiles_w) * sc::kTileCols};
+    return Origin{n, th * kRows, (t - th * tiles_w) * fc::kTileCols};
   };
-  small_channels::CopyRing<2> ring(staged, tma);
+  few_channels::CopyRing<2> ring(staged, tma);
   const uint32_t stage_bytes = 4u * cin_g * plane;
   auto stage = [&](const Origin& o, int b) {
     const auto [n, oh0, ow0] = o;
     float* dst = buffer(b);
-    const HaloCols hc = small_channels::halo_cols(ow0 * sw - p.pad_w, vec);
+    const HaloCols hc = few_channels::halo_cols(ow0 * sw - p.pad_w, vec);
     if (tma) {
       if (threadIdx.x == 0) {
         mbarrier_arrive_expect_tx(&ring.barrier[b], stage_bytes);
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       }
       return;
     }
-    small_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g, H * W), cin_g,
+    few_channels::stage_halo(dst, x + plane_offset(n, p.in_channels, g * cin_g, H * W), cin_g,
                                H, W, oh0 * sh - p.pad_h, L.halo_rows, hc, halo_cols, pitch,
                                plane, vec);
   };
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
   [[maybe_unused]] const uint32_t a_small = 4u * L.weight_floats;
   // Bytes per staged B element (3xTF32: a [big, small] pair), and to the
   // next n8 tile of pixels.
-  constexpr uint32_t kElem = kSplit ? 8 : 4;
+  constexpr uint32_t kElem = kTf32x3 ? 8 : 4;
   const uint32_t col_step = kElem * 8 * sw;
 
   const int first = blockIdx.x, step = gridDim.x;
@@ -224,28 +224,28 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       stage(ahead, b ^ 1);  // flies under this stage's work
     }
     cp_async_commit();
-    small_channels::tensor_core_operands<kSplit, small_channels::SplitLayout::kPairs,
+    few_channels::tensor_core_operands<kTf32x3, few_channels::OperandLayout::kPairs,
                                          /*kRoundSmall=*/true,
-                                         /*kBatch=*/kSplit || kWgmma ? 4 : 1>(
-        reinterpret_cast<float4*>(buffer(b)), reinterpret_cast<float4*>(split_buf),
+                                         /*kBatch=*/kTf32x3 || kSm90 ? 4 : 1>(
+        reinterpret_cast<float4*>(buffer(b)), reinterpret_cast<float4*>(tf32x3_buf),
         L.buffer_floats / 4, tma);
 
-    if constexpr (kWgmma) {
-      fprop_tc::fprop_stage_wgmma<kSplit, kSW>(
-          p, L, k_table, bias_s, smem_addr(kSplit ? split_buf : buffer(b)), smem_addr(w_big), y,
-          n, g, co0, co_here, oh0, ow0, small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead,
+    if constexpr (kSm90) {
+      fprop_tc::fprop_stage_sm90<kTf32x3, kSW>(
+          p, L, k_table, bias_s, smem_addr(kTf32x3 ? tf32x3_buf : buffer(b)), smem_addr(w_big), y,
+          n, g, co0, co_here, oh0, ow0, few_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead,
           vec_out, tma_out ? &y_map : nullptr, out_stage);
       continue;
     }
     const int oh = oh0 + warp / 2;
-    const int c0 = ow0 + (warp & 1) * (sc::kTileCols / 2);  // the warp's first column
+    const int c0 = ow0 + (warp & 1) * (fc::kTileCols / 2);  // the warp's first column
     if (oh >= Ho || c0 >= Wo) continue;  // warp-uniform; no barrier before the next stage's
-    const int lead = small_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead;
-    const uint32_t xb = smem_addr(kSplit ? split_buf : buffer(b)) +
+    const int lead = few_channels::halo_cols(ow0 * sw - p.pad_w, vec).lead;
+    const uint32_t xb = smem_addr(kTf32x3 ? tf32x3_buf : buffer(b)) +
                         kElem * ((warp / 2) * sh * pitch + lead + ((warp & 1) * 32 + gq) * sw);
 
     float acc[kMTiles][kNT][4];
-    if constexpr (!kSplit) {
+    if constexpr (!kTf32x3) {
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
@@ -254,18 +254,18 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
           acc[i][j][2] = acc[i][j][3] = bias_v[i][1];
         }
     }
-    [[maybe_unused]] float tmp[kSplit ? kMTiles : 1][kSplit ? kNT : 1][4];
+    [[maybe_unused]] float tmp[kTf32x3 ? kMTiles : 1][kTf32x3 ? kNT : 1][4];
 
     // One k8 step; 3xTF32's first starts the accumulators at the bias.
     auto k_step = [&](int t, auto first_c) {
       [[maybe_unused]] constexpr bool kFirst = decltype(first_c)::value;
-      const int2 ko = small_channels::k8_offsets(k_table, t, tq);
+      const int2 ko = few_channels::k8_offsets(k_table, t, tq);
       const uint32_t b0 = xb + kElem * ko.x, b1 = xb + kElem * ko.y;
       uint32_t bb[kNT][2];
-      [[maybe_unused]] uint32_t bs[kSplit ? kNT : 1][2];
+      [[maybe_unused]] uint32_t bs[kTf32x3 ? kNT : 1][2];
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        if constexpr (kSplit) {
+        if constexpr (kTf32x3) {
           lds_u32x2(b0 + j * col_step, bb[j][0], bs[j][0]);
           lds_u32x2(b1 + j * col_step, bb[j][1], bs[j][1]);
         } else {
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
         for (int j = 0; j < kNT; ++j) {
           if (!keep0) bb[j][0] = 0u;
           if (!keep1) bb[j][1] = 0u;
-          if constexpr (kSplit) {
+          if constexpr (kTf32x3) {
             if (!keep0) bs[j][0] = 0u;
             if (!keep1) bs[j][1] = 0u;
           }
@@ -287,13 +287,13 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       }
       const uint32_t a_step = a_lane + 32u * t;
       uint32_t ab[kMTiles][4];
-      [[maybe_unused]] uint32_t as[kSplit ? kMTiles : 1][4];
+      [[maybe_unused]] uint32_t as[kTf32x3 ? kMTiles : 1][4];
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
         ldmatrix_x4(ab[i], a_step + i * a_tile);
-        if constexpr (kSplit) ldmatrix_x4(as[i], a_step + i * a_tile + a_small);
+        if constexpr (kTf32x3) ldmatrix_x4(as[i], a_step + i * a_tile + a_small);
       }
-      if constexpr (kSplit) {
+      if constexpr (kTf32x3) {
         mma_3xtf32</*kFresh=*/true, kNT>(tmp, ab, as, bb, bs);
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i)
@@ -344,46 +344,46 @@ __global__ void __launch_bounds__(kBlock, kSplit || kWgmma ? 1 : 2)
       }
   }
   // Shared memory must outlive the reads of the last boxes.
-  if (kWgmma && tma_out && threadIdx.x == 0) bulk_wait<0, /*kRead=*/false>();
+  if (kSm90 && tma_out && threadIdx.x == 0) bulk_wait<0, /*kRead=*/false>();
 }
 
 }  // namespace
 
-void launch_fprop_small_channels_tc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
+void launch_fprop_few_channels_tc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                                     const float* bias, at::Tensor& y, MathMode math) {
-  const bool split = math == MathMode::kIEEE;
-  const sc::FpropTcLayout L = sc::fprop_tc_layout(p, split);
-  TORCH_CHECK(sc::fprop_tc_fits(p, split, current_sm()),
-              "conv2d_ext: internal error: small-channel tensor-core forward does not fit");
+  const bool tf32x3 = math == MathMode::kIEEE;
+  const fc::FpropTcLayout L = fc::fprop_tc_layout(p, tf32x3);
+  TORCH_CHECK(fc::fprop_tc_fits(p, tf32x3, current_sm()),
+              "conv2d_ext: internal error: few-channel tensor-core forward does not fit");
   const int64_t co_tiles = ceil_div(p.out_channels_per_group(), kCo);
-  const int64_t stages = p.batch * ceil_div(p.out_h, kRows) * ceil_div(p.out_w, sc::kTileCols);
+  const int64_t stages = p.batch * ceil_div(p.out_h, kRows) * ceil_div(p.out_w, fc::kTileCols);
   TORCH_CHECK(stages < (int64_t(1) << 31) && p.batch < (int64_t(1) << 30),
-              "conv2d_ext: problem too large for the small-channel forward");
-  const bool vec = small_channels::can_vectorise(x.data_ptr(), p.in_w);
-  const sc::Halo h{L.halo_rows, L.pitch, int64_t(L.halo_rows) * L.pitch};
-  const bool tma = small_channels::tma_stages(vec, h);
+              "conv2d_ext: problem too large for the few-channel forward");
+  const bool vec = few_channels::can_vectorise(x.data_ptr(), p.in_w);
+  const fc::Halo h{L.halo_rows, L.pitch, int64_t(L.halo_rows) * L.pitch};
+  const bool tma = few_channels::tma_stages(vec, h);
   CUtensorMap x_map{};  // not read without tma
   if (tma) {
     x_map = nchw_tensor_map(x, static_cast<uint32_t>(L.pitch), static_cast<uint32_t>(L.halo_rows),
                             static_cast<uint32_t>(p.in_channels_per_group()), 1);
   }
   const bool vec_out = p.out_w % 2 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 8 == 0;
-  const bool wgmma = hopper_kernels(current_sm());
+  const bool sm90 = hopper_kernels(current_sm());
   // The tensor-copy engine writes whole 64-channel boxes, clipped only at
   // the tensor's edges, so the group's channels must be whole tiles.
-  const int64_t smem_bytes = sc::fprop_tc_smem_bytes(L, split, wgmma);
+  const int64_t smem_bytes = fc::fprop_tc_smem_bytes(L, tf32x3, sm90);
   const int64_t out_smem = 1024 + 4 * int64_t(2 * 2 * kOutBoxFloats);
-  const bool tma_out = wgmma && tma && p.out_channels_per_group() % kCo == 0 &&
+  const bool tma_out = sm90 && tma && p.out_channels_per_group() % kCo == 0 &&
                        p.out_w % 4 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 &&
-                       smem_bytes + out_smem <= igemm_wgrad::max_block_smem_bytes(current_sm()) -
-                                                      sc::kFpropTcStaticSmemBytes;
+                       smem_bytes + out_smem <= max_block_smem_bytes(current_sm()) -
+                                                      fc::kFpropTcStaticSmemBytes;
   CUtensorMap y_map{};  // not read without tma_out
   if (tma_out) y_map = nwch_box_tensor_map(y, 32, kCo, 2, /*swizzle_128b=*/true);
   auto kernel = [&] {
     auto pick = [&](auto sw) {
       constexpr int kSW = decltype(sw)::value;
-      if (wgmma) return split ? fprop_tc_kernel<true, kSW, true> : fprop_tc_kernel<false, kSW, true>;
-      return split ? fprop_tc_kernel<true, kSW, false> : fprop_tc_kernel<false, kSW, false>;
+      if (sm90) return tf32x3 ? fprop_tc_kernel<true, kSW, true> : fprop_tc_kernel<false, kSW, true>;
+      return tf32x3 ? fprop_tc_kernel<true, kSW, false> : fprop_tc_kernel<false, kSW, false>;
     };
     return p.stride_w == 1 ? pick(Int<1>{}) : p.stride_w == 2 ? pick(Int<2>{}) : pick(Int<0>{});
   }();

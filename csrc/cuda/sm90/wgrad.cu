@@ -2,7 +2,7 @@
 //
 // GEMM view per block: M = (input channel, tap) rows, N = 64 output
 // channels, K = output positions of the block's slice of the batch. The
-// mma.sync kernel (wgrad_implicit_gemm.cu) explains why K is split and how
+// mma.sync kernel (implicit_gemm/wgrad.cu) explains why K is split and how
 // the slices are reduced in a fixed order; this one changes the inner loop.
 //
 // wgmma reads TF32 operands from shared memory only K-major in 16-byte
@@ -42,13 +42,13 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda.h>
 
-#include "../plan.h"
-#include "../tile_config.h"
-#include "common.cuh"
-#include "mma.cuh"
-#include "split_reduce.cuh"
-#include "tensor_map.h"
-#include "wgrad_implicit_gemm.h"
+#include "../../plan.h"
+#include "../common.cuh"
+#include "../mma.cuh"
+#include "../split_reduce.cuh"
+#include "../tensor_map.h"
+#include "config.h"
+#include "sm90.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -66,7 +66,7 @@ __device__ __forceinline__ void split3(float x, uint32_t& big, uint32_t& small) 
   tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(x, big, small);
 }
 
-template <int MT, bool kSplit>
+template <int MT, bool kTf32x3>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     wgrad_sm90_kernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap go_map, const ConvParams p,
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   auto convert = [&](int s, int j) {
     float* big = piece(s, j);
     const float4 v = *reinterpret_cast<const float4*>(big);
-    if constexpr (kSplit) {
+    if constexpr (kTf32x3) {
       uint32_t b[4], sm[4];
       split3(v.x, b[0], sm[0]);
       split3(v.y, b[1], sm[1]);
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 
   float acc[MT][8][4];
   zero_fragments(acc);
-  float tmp[kSplit ? MT : 1][8][4];
+  float tmp[kTf32x3 ? MT : 1][8][4];
   (void)tmp;
 
   const uint32_t b_small_bytes = 4 * static_cast<uint32_t>(L.b_floats);
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     constexpr int kSteps = decltype(steps_tag)::value;
     static_assert(kSteps % 2 == 0 && kSteps <= cfg::kCols / 8, "whole pairs of k8 steps");
     const uint32_t b_addr = smem_addr(stage(s));
-    uint32_t a_big[2][MT][4], a_small[kSplit ? 2 : 1][MT][4];
+    uint32_t a_big[2][MT][4], a_small[kTf32x3 ? 2 : 1][MT][4];
     (void)a_small;
 #pragma unroll 1
     for (int r = 0; r < valid_rows; ++r) {
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              if constexpr (kSplit) {
+              if constexpr (kTf32x3) {
                 split3(v[e], a_big[set][t][e], a_small[set][t][e]);
               } else {
                 a_big[set][t][e] = tf32_operand(v[e]);
@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
           const uint32_t step_addr = b_addr + r * kRowBytes + (k / 4) * kHalfBytes + (k % 4) * 32;
           const uint64_t big = wgmma_desc_sw128(step_addr);
           wgmma_fence();
-          if constexpr (kSplit) {
+          if constexpr (kTf32x3) {
             const uint64_t small = wgmma_desc_sw128(step_addr + b_small_bytes);
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
           convert(s ^ 1, 8 * r + 2 * (k - 4) + 1);
         }
         if (k >= kSteps) continue;
-        if constexpr (kSplit) {
+        if constexpr (kTf32x3) {
           if (k % 4 == 3 || k == kSteps - 1) {
             wgmma_wait<0>();
 #pragma unroll
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
       }
     }
     wgmma_wait<0>();
-    if constexpr (!kSplit) {
+    if constexpr (!kTf32x3) {
 #pragma unroll
       for (int t = 0; t < MT; ++t) wgmma_fence_operands(acc[t]);
     }
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
     if (cols >= cfg::kCols) {
       compute(hb, buf, i, has_next, valid_rows, cols, std::false_type{}, Steps<8>{});
-    } else if (!kSplit || !edge_steps || cols > 48) {
+    } else if (!kTf32x3 || !edge_steps || cols > 48) {
       compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<8>{});
     } else if (cols > 32) {
       compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<6>{});
@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     }
 }
 
-template <bool kSplit>
+template <bool kTf32x3>
 void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::Tensor& grad_w,
             const cfg::Layout& L) {
   // TMA reads from 16-byte aligned bases (rows are multiples of 16 bytes
@@ -468,15 +468,15 @@ void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::
     kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), cfg::kThreads,
              L.smem_bytes, stream>>>(x_map, go_map, p, goa.data_ptr<float>(),
                                      partial.data_ptr<float>(), L, tiles_per_split, go_by_tma,
-                                     wgrad_edge_steps());
+                                     option(Option::kWgradEdgeSteps));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   // Tile counts the layout may pick (cfg::max_tiles).
   switch (L.tiles) {
-    case 1: run(wgrad_sm90_kernel<1, kSplit>); break;
-    case 2: run(wgrad_sm90_kernel<2, kSplit>); break;
-    case 3: if constexpr (!kSplit) { run(wgrad_sm90_kernel<3, kSplit>); break; } [[fallthrough]];
-    case 4: if constexpr (!kSplit) { run(wgrad_sm90_kernel<4, kSplit>); break; } [[fallthrough]];
+    case 1: run(wgrad_sm90_kernel<1, kTf32x3>); break;
+    case 2: run(wgrad_sm90_kernel<2, kTf32x3>); break;
+    case 3: if constexpr (!kTf32x3) { run(wgrad_sm90_kernel<3, kTf32x3>); break; } [[fallthrough]];
+    case 4: if constexpr (!kTf32x3) { run(wgrad_sm90_kernel<4, kTf32x3>); break; } [[fallthrough]];
     default:
       TORCH_CHECK(false, "conv2d_ext: internal error: no sm_90 wgrad kernel for ", L.tiles,
                   " tiles per block");
@@ -488,11 +488,11 @@ void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::
 
 void launch_wgrad_sm90(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
                        at::Tensor& grad_w, MathMode math) {
-  const bool split = math == MathMode::kIEEE;
-  const cfg::Layout L = cfg::layout(p, split);
+  const bool tf32x3 = math == MathMode::kIEEE;
+  const cfg::Layout L = cfg::layout(p, tf32x3);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "sm_90 wgrad for a problem it does not fit");
-  if (split) {
+  if (tf32x3) {
     launch<true>(p, grad_out, x, grad_w, L);
   } else {
     launch<false>(p, grad_out, x, grad_w, L);

@@ -1,10 +1,10 @@
 // The few-channel wgrad's 3xTF32 stage on Hopper (IEEE mode, sm_90a code
-// only), for the kernel in wgrad_small_channels_tc.cu: that kernel stages
+// only), for the kernel in few_channels/wgrad_tc.cu: that kernel stages
 // grad_output and the input halo, and splits them, for this stage and for
 // the mma.sync one of other GPUs (and of TF32 mode, faster there: see the
 // kernel).
 //
-// The GEMM turned around, as in the sm_90 wgrad (wgrad_sm90.cu): M = the
+// The GEMM turned around, as in the sm_90 wgrad (sm90/wgrad.cu): M = the
 // group's (input channel, tap) rows in m64 tiles, N = the block's 64 output
 // channels, K = the stage's 64 pixels. A, the input at each row's (channel,
 // tap) offset and each pixel's column times the stride, is gathered from
@@ -30,34 +30,34 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../tile_config.h"
-#include "mma.cuh"
+#include "../mma.cuh"
+#include "config.h"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace wgrad_tc {
 
-namespace sc = conv2d_ext::small_channels;
+namespace fc = conv2d_ext::few_channels;
 
-constexpr int kCo = sc::kWgradTcCo;
+constexpr int kCo = fc::kWgradTcCo;
 constexpr int kMaxTiles = 3;       // m64 tiles of (channel, tap) rows per block
 // Four steps (twelve products) per temporary, as in the sm_90 wgrad: two
 // measured 2% slower on rgb_3x5 for the same errors (3.2-3.3e-7; stem
 // 2.8e-7 and 3.0e-7 with four; cuDNN's 9.4e-7 and 6.5e-7; H100).
 constexpr int kStepsPerTemp = 4;
 static_assert(8 % kStepsPerTemp == 0 && 4 % kStepsPerTemp == 0, "whole temporaries a stage");
-static_assert(kMaxTiles * 64 == sc::kWgradTcWarpN * 8 * (sc::kThreads / 32),
+static_assert(kMaxTiles * 64 == fc::kWgradTcWarpN * 8 * (fc::kThreads / 32),
               "a block's rows: the same parts as the mma.sync kernel's");
 
 // The tiles a warpgroup accumulates: set 0 in every step it takes, set 1
 // (three tiles only: the third) in the steps of its own half.
-struct WgmmaTiles {
+struct Sm90Tiles {
   int tile[2];
   bool shared[2];  // the other warpgroup holds the same tile (sums meet)
 };
 
-__device__ __forceinline__ WgmmaTiles wgmma_tiles(int tiles, int wg) {
-  WgmmaTiles t;
+__device__ __forceinline__ Sm90Tiles wgmma_tiles(int tiles, int wg) {
+  Sm90Tiles t;
   t.tile[0] = tiles == 1 ? 0 : wg;
   t.shared[0] = tiles == 1;
   t.tile[1] = 2;
@@ -73,7 +73,7 @@ __device__ __forceinline__ WgmmaTiles wgmma_tiles(int tiles, int wg) {
 // grad_output tile; `small_bytes`: from a big part to its small part (both
 // operands).
 template <int kTiles, bool kMask>
-__device__ __forceinline__ void wgrad_stage_wgmma(float (&acc)[2][8][4], float (&tmp)[2][8][4],
+__device__ __forceinline__ void wgrad_stage_sm90(float (&acc)[2][8][4], float (&tmp)[2][8][4],
                                                   const uint32_t (&aoff)[2][2], uint32_t xbase,
                                                   uint32_t go, uint32_t small_bytes, int sw,
                                                   int cols) {

@@ -1,0 +1,56 @@
+// The switches tests and A/B runs flip, in one place: one atomic each, set
+// through one op (torch.ops.conv2d_ext._set_option(name, value)). Every
+// default is what users run; the switches exist to keep a kernel variant
+// covered on shapes where the plan prefers another, or to compare two.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace conv2d_ext {
+
+enum class Option : int {
+  // Fill every output with NaN before kernels run, so that an element a
+  // kernel never writes cannot pass (default off).
+  kPoisonOutputs,
+  // The plan may pick Hopper-only kernels (wgmma, the tensor-copy engine);
+  // off runs the kernels other GPUs run.
+  kHopperKernels,
+  // The plan may pick the flat sm_90 forward; off keeps the other wgmma
+  // forward covered on unit-stride shapes.
+  kFlatKernels,
+  // IEEE-mode wgrad of short reductions runs the direct FFMA kernel, for
+  // accuracy; off keeps the 3xTF32 tensor-core wgrad covered on small shapes.
+  kShortWgradDirect,
+  // The few-channel tensor-core wgrad runs its 3xTF32 stage on wgmma on
+  // Hopper; off runs it on mma.sync, as other GPUs do.
+  kFewChannelsWgradSm90,
+  // TF32-mode few-channel dgrad runs every stride phase at once on tensor
+  // cores; off runs the FFMA gather.
+  kFewChannelsDgradTc,
+  // The FFMA gather takes two columns a thread on the phases it has
+  // compiled for (stride 2, unit dilation); off takes one.
+  kFewChannelsDgradPairs,
+  // The FFMA gather starts its blocks heaviest (phase, tile) first within
+  // groups of at most a wave; off keeps the grid's order (same bits).
+  kFewChannelsDgradOrder,
+  // The FFMA gather takes 16 x 112 tiles on phases of 65 to 112 columns
+  // where every phase takes two columns a thread; off takes 32 x 64.
+  kFewChannelsDgradWide,
+  // The sm_90 3xTF32 wgrad skips the k8 steps of a K tile past the output's
+  // right edge, in pairs; off runs them on zeros (same bits).
+  kWgradEdgeSteps,
+};
+
+// The current value (a relaxed load: a switch is flipped between calls).
+bool option(Option o);
+
+// Sets the switch named `name` (the enum's name in snake case, e.g.
+// "hopper_kernels") and returns its previous value; an unknown name is an
+// error that lists the known ones.
+bool set_option(const std::string& name, bool value);
+
+// Every switch's name, in the enum's order.
+std::vector<std::string> option_names();
+
+}  // namespace conv2d_ext
