@@ -49,7 +49,7 @@ bool allow_tf32_conv();
 // the flag set.
 MathMode math_mode(at::ScalarType dtype);
 
-// Whether this binary carries sm_90a code (wgmma); setup.py defines
+// Whether this binary carries sm_90a code (wgmma); setup.py and CMakeLists.txt define
 // CONV2D_EXT_SM90A when it builds for it.
 bool built_with_sm90a();
 
