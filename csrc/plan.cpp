@@ -50,13 +50,13 @@ bool tensor_core_channels(const ConvParams& p) {
 }
 
 // IEEE mode: 3xTF32 splits each operand into two TF32 parts and drops
-// small*small, which leaves 2.5-3e-7 relative error however short the
-// reduction, while FP32 is exact per product: a wgrad reduction of fewer
-// than kShortWgradReduction products per weight (N*Ho*Wo) runs the direct
-// FFMA kernel, whose short per-thread sums and fixed-order tree measured
-// 0.95-1.2e-7 there. Measured on the H100 (3x3, 16 -> 32 channels): cuDNN
-// strict 1.1e-7 at 1024 and 1.5e-7 at 2048 (3xTF32: 2.5e-7, 2.7e-7); an
-// FP32 sum growing as sqrt(K) from there meets 3xTF32 near 5000.
+// small*small, which leaves an error floor however short the reduction,
+// while FP32 is exact per product: cuDNN's strict FP32 on a short wgrad
+// reduction is below that floor. So a wgrad reduction of fewer than
+// kShortWgradReduction products per weight (N*Ho*Wo) runs the direct FFMA
+// kernel, whose short per-thread sums and fixed-order tree stay below
+// cuDNN there; an FP32 sum growing as sqrt(K) meets 3xTF32 near 5000
+// (docs/kernels.md, "Precision: what every kernel shares").
 constexpr int64_t kShortWgradReduction = 8192;
 bool short_wgrad(const ConvParams& p) {
   return option(Option::kShortWgradDirect) &&
@@ -95,14 +95,14 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
   }
   // TF32-mode dgrad of every stride phase at once (RGB stems at stride 2):
   // the FFMA gather reaches under half of the FFMA peak. 3xTF32 (on this
-  // kernel, and on wgmma) measured slower than the gather and, on wgmma,
-  // less accurate than cuDNN's strict FP32: IEEE mode keeps the gather.
+  // kernel, and on wgmma) was slower than the gather and, on wgmma, less
+  // accurate than cuDNN's strict FP32: IEEE mode keeps the gather.
   if (pass == Pass::kDgrad && math == MathMode::kTF32 &&
       option(Option::kFewChannelsDgradTc) && fc::dgrad_tc_fits(p)) {
     return Algo::kFewChannelsTensorCore;
   }
-  // The forward of wide tiles likewise: the FFMA kernel is issue-bound near
-  // 40% of the FFMA peak, on a GEMM whose floor is writing its output.
+  // The forward of wide tiles likewise: the FFMA kernel is issue-bound well
+  // below the FFMA peak, on a GEMM whose floor is writing its output.
   if (pass == Pass::kFprop && fc::fprop_tc_fits(p, math == MathMode::kIEEE, sm)) {
     return Algo::kFewChannelsTensorCore;
   }

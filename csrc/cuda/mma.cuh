@@ -42,16 +42,16 @@ __device__ __forceinline__ uint32_t tf32_operand_fma(float x) {
 // the product, with its sign; a rounded big leaves 2^-11 (2^-22) and up
 // to 2^-22 of either sign, for one addition more. wgrad, whose long
 // reductions need the margin against cuDNN's FP32, rounds. The flat
-// forward (and dgrad through it) truncates for K from 512 to 2047:
-// rounding there measured 2.5-4% slower on a, b and c (H100, IEEE mode)
-// for errors of 1.4-2.3e-7 instead of 2.1-2.8e-7, all below cuDNN's. It
-// rounds where truncation would not be: K below 512 (1x1 dgrad: 1.9e-7
-// against cuDNN's 1.45e-7) and K from 2048 on, where it also cuts its
-// accumulation into segments (sm90/config.h, kLongK).
+// forward (and dgrad through it) truncates for K from 512 to 2047, where
+// rounding cost time and truncation already stays below cuDNN's error. It
+// rounds where truncation would not: K below 512 (1x1 dgrad) and K from
+// 2048 on, where it also cuts its accumulation into segments
+// (sm90/config.h, kLongK; docs/kernels.md, "Precision: what every kernel
+// shares").
 // !kRoundSmall leaves small for the tensor cores to truncate: up to 2^-21
 // of x after a rounded big, of either sign (small's), two instructions
-// fewer. The sm_90 wgrad takes that: 4% faster on a, b and c (H100, IEEE)
-// for errors of 1.006e-6 instead of 1.004e-6 on a (cuDNN: 1.21e-6).
+// fewer. The sm_90 wgrad takes that: faster, for errors that stay below
+// cuDNN's.
 // Non-finite x: clamping to the largest finite TF32 first makes big that
 // and small x itself (Inf) or NaN, so Inf*b stays Inf even where b's small
 // part is zero (Inf as big would give Inf*0 = NaN there), and NaN stays

@@ -24,8 +24,8 @@ constexpr int kMaxChannels = 4;  // input channels per group these kernels take
 // Narrow tiles (at most 4 output channels per group: depthwise, grouped
 // layers of 4 -> 4): each thread owns a column of 8 output rows and all of
 // its group's output channels; 4 slots stack to 32 rows. A 64-channel wide
-// tile would leave 15/16 of its FMAs idle on 4 channels per group (grouped
-// 3x3: 0.80 ms against 0.42 on the direct kernel).
+// tile would leave 15/16 of its FMAs idle on 4 channels per group (slower
+// than the direct kernel).
 constexpr int kNarrowRows = 8;
 constexpr int kNarrowMaxCo = 4;
 // Wide tiles (more output channels, RGB stems): each thread owns 4 rows x
@@ -37,10 +37,10 @@ constexpr int kWideCo = 16;
 constexpr int kDgradCoChunk = 4;
 constexpr int64_t kMaxSmemBytes = 100 * 1024;
 // Staged tiles per block: a block computes one while the copies of the
-// next fly. wgrad (which stages grad_output too) gained 11% from three.
-// The forward gained 4-16% from three once the tensor-copy engine staged
-// it (dw_5x5 0.145 -> 0.125 ms on the H100); it takes three where they fit
-// in kFpropThreeStageBytes (three blocks per SM), else two.
+// next fly. wgrad (which stages grad_output too) gained from three, and
+// so did the forward once the tensor-copy engine staged it; the forward
+// takes three where they fit in kFpropThreeStageBytes (three blocks per
+// SM), else two.
 constexpr int kFpropStages = 3;
 constexpr int64_t kFpropThreeStageBytes = 72 * 1024;
 constexpr int kHaloStages = 3;
@@ -92,9 +92,9 @@ constexpr int64_t fprop_weight_floats(int64_t cin, int64_t taps, int64_t co_tile
 // into even tiles of at most kTileCols, as many as 64-column tiles would
 // be, rounded up to whole column pairs (their threads cover just that),
 // and the halo shrinks with them. That matters to the tensor copy beyond
-// the bytes: dw_5x5's 56-column planes staged as 72 x 60 boxes streamed
-// 7% slower than as 64 x 60 boxes (a copy-only kernel of the same pattern
-// on the H100: 2.52 against 2.71 TB/s, docs/history), and a 112-column plane
+// the bytes: 56-column planes staged as 72 x 60 boxes streamed slower than
+// as 64 x 60 boxes (a copy-only kernel of the same pattern), and a
+// 112-column plane
 // is two 56-column tiles whose boxes are 64 wide, not a 64-column tile and
 // a 48-column one, each staged 72 wide.
 inline int64_t fprop_tile_cols(const ConvParams& p, bool narrow_tile) {

@@ -22,8 +22,7 @@
 // small kernel): staging them with per-thread copies and index arithmetic
 // was a third of the stem's instructions. Elsewhere 16-byte copies where
 // rows are aligned. Two chunks are staged where they fit, the next one's
-// copies in flight while this one computes (the stem's dgrad 9-14% faster
-// than with one).
+// copies in flight while this one computes (faster than one).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -89,7 +88,7 @@ __host__ __device__ __forceinline__ PhaseTaps phase_taps(int ph, int pad, int ke
 // the column's kRows + kCount - 1 rows are loaded once into registers and
 // every tap reads them there. The tap count and the pitch are compile-time
 // so that the loads are one base register plus immediates, unpredicated,
-// and no tap is branched around (the run-time count cost about 40% more
+// and no tap is branched around (a run-time count costs many more
 // instructions per column: address arithmetic and predicates). `w` holds
 // the column's taps' weights, tap q's 4 at w + 4q.
 template <int kCount, int kCi, int kPitch>
@@ -163,7 +162,7 @@ __device__ __forceinline__ void accumulate_pairs(const float* s, const float* w,
 // weights (kCi x taps) and the two levels of sums (2 x 8 x kCi) must stay
 // within 128 registers. Layers of 2 to 4 input channels per group only:
 // each variant compiles the whole chunk loop again, and depthwise layers
-// (one input channel) were not measured to gain.
+// (one input channel) were not shown to gain.
 template <int KH, int kCi>
 __host__ __device__ constexpr bool pair_variant(int count_h, int count_w) {
   return KH > 0 && kCi >= 2 && count_h > 0 && count_w > 0 &&
@@ -265,10 +264,10 @@ __host__ __device__ __forceinline__ BlockTile block_tile(int t, unsigned tiles, 
 }
 
 // The order blocks start in. A phase's tiles differ in work (pixels times
-// the phase's taps: the stem's heaviest block does 4.7x its lightest), and
-// in the grid's order every image's blocks ended on its heaviest phase, so
-// the last wave's longest blocks ran on a GPU going idle (the stem's SMs
-// were busy 90% of the kernel's time on average). So blocks take their
+// the phase's taps: a stem's heaviest block does several times its
+// lightest's), and in the grid's order every image's blocks ended on its
+// heaviest phase, so the last wave's longest blocks ran on a GPU going
+// idle. So blocks take their
 // (phase, tile) heaviest first within groups of items (group, image) of
 // at most one wave: the blocks in flight read about as few images as in the
 // grid's order, which keeps their grad_output in L2.
@@ -282,7 +281,7 @@ struct BlockOrder {
 // kWide: the 16 x 112 tiles of wide_tiles(), pair path only, at their own
 // pitch (a separate instantiation: as a run-time branch of one kernel the
 // two pitches' pair variants made ptxas spill in the chunk loop, and both
-// tilings ran 2.5x slower).
+// tilings ran much slower).
 template <int KH_T, int KW_T, int kCi, bool kWide>
 __global__ void __launch_bounds__(fc::kThreads, kBlocksPerSm)
     dgrad_few_channels_kernel(const __grid_constant__ CUtensorMap go_map, const ConvParams p,
@@ -446,8 +445,8 @@ __global__ void __launch_bounds__(fc::kThreads, kBlocksPerSm)
             continue;  // warp-uniform
           // Two levels of sums: each chunk's products (at most 4 channels x
           // the phase's taps) into `part`, the chunks' sums into `acc`. One
-          // chain over every output channel and tap (784 products for an RGB
-          // stem) had 3x cuDNN's relative error (5.1e-7 against 1.6e-7).
+          // chain over every output channel and tap (hundreds of products
+          // for an RGB stem) had several times cuDNN's relative error.
           float part[kRows][kCi];
 #pragma unroll
           for (int r = 0; r < kRows; ++r)
@@ -573,12 +572,9 @@ BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, int6
   }
   std::stable_sort(order.tile_phase, order.tile_phase + pairs,
                    [&](uint16_t a, uint16_t b) { return work[a] > work[b]; });
-  // Groups of equal size, each at most a wave. On the stem (32 images; 32
-  // x 64 tiles: 32 blocks an image, 16 x 112 tiles: 28) groups of 8 images
-  // took 0.278 ms, of 9 (9, 9, 9, 5) 0.285, the grid's order 0.295, one
-  // group (no locality) 0.296; with 16 x 112 tiles, groups of 8 took 0.262
-  // ms (H200), of 11 (the nearest whole number of groups to the waves,
-  // 3.4) 0.268, of 16 0.262.
+  // Groups of equal size, each at most a wave: sizes near a wave's worth
+  // of images did as well as any tried, and better than the grid's order or
+  // one group without locality (docs/kernels.md, "Few channels on FFMA").
   const int64_t items = int64_t(grid.y) * grid.z;
   const int64_t wave =
       int64_t(kBlocksPerSm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;

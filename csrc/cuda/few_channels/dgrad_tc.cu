@@ -1,11 +1,11 @@
 // dgrad for few input channels per group and many output channels at
 // stride 2 (RGB stems) on TF32 tensor cores (mma.sync, sm_80+), TF32 mode
 // only. The FFMA gather (few_channels/dgrad.cu) takes one stride phase
-// per block with the group's input channels as its accumulators: 0.34-0.36
-// ms on the stem (H100) against 0.22 for this kernel in TF32 mode. 3xTF32
-// on it measured 0.50 ms, and on wgmma (positions as M, the 16 rows as N)
-// 0.46-0.55 with more error than cuDNN's strict FP32, so IEEE mode keeps
-// the gather (docs/history).
+// per block with the group's input channels as its accumulators, slower
+// than this kernel in TF32 mode. 3xTF32 on it was slower than the gather,
+// and on wgmma (positions as M, the 16 rows as N) also less accurate than
+// cuDNN's strict FP32, so IEEE mode keeps the gather (docs/kernels.md,
+// "Few channels on tensor cores").
 //
 // All phases at once (config.h, DgradTcLayout): grad_input pixel
 // (i * stride + py, j * stride + px) is the sum over output channels co and

@@ -132,9 +132,9 @@ __device__ __forceinline__ void tensor_core_operands(float4* raw, float4* out, i
     }
   };
   // kBatch pieces' loads at a time: one at a time, each load-convert-store
-  // chain ran back to back, and the pass took over a third of the RGB
-  // wgrad's stall samples (H100, IEEE, one block of 8 warps an SM). Kernels
-  // of two blocks an SM take 1 (no registers to spare).
+  // chain ran back to back, and the pass dominated the RGB wgrad's stalls
+  // at one block an SM. Kernels of two blocks an SM take 1 (no registers
+  // to spare).
   for (int e0 = threadIdx.x; e0 < pieces; e0 += kBatch * kThreads) {
     float4 v[kBatch];
 #pragma unroll

@@ -49,8 +49,8 @@ __device__ __forceinline__ void tap_weights(const float* s, float (&wv)[kCo]) {
 // ct of group g of image n. Blocks stride over items numbered with tw
 // fastest, then th, ct, g and n; the stride is split into these digits
 // once, so that stepping is a few additions and carries instead of
-// divisions per item (64-bit ones took about 8% of the depthwise
-// forward's time; 32-bit ones for the group, 5%).
+// divisions per item, which took a visible share of the depthwise
+// forward's time.
 struct Item {
   int tw, th, ct, g, n;
 };
@@ -146,8 +146,8 @@ __global__ void __launch_bounds__(fc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   static_assert(kCols == 2 || !kOddLead, "the lead's parity matters to column pairs only");
   // Column pairs run only the register window (the launch takes them at
   // unit stride and dilation and a compiled kernel size): the other paths
-  // are left out of the binary, whose instruction fetches were 16% of the
-  // two-column forward's stall samples with them in.
+  // are left out of the binary, whose instruction fetches stalled the
+  // two-column forward with them in.
   static_assert(kCols == 1 || (KH_T > 0 && KH_T * KW_T <= 98), "column pairs: the window only");
   const int threads = kCoGroups == 1 ? static_cast<int>(blockDim.x) : fc::kThreads;
   const int slot_threads = threads / fc::kSlots;
@@ -162,12 +162,11 @@ __global__ void __launch_bounds__(fc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   // Blocks stride over the work items (Item), prefetching the items they
   // meet next into the ring. The launch picks the stride: one wave of
   // resident blocks for wide tiles, whose 64 channels' weights are worth
-  // staging as few times as possible (a tenth of the RGB stem's time went
-  // to them with a block per tile and image), and for narrow tiles that
-  // cover a whole plane (dw_5x5: 7% over a grid several blocks deep, whose
-  // blocks did 6 or 7 items). Narrow tiles of larger planes keep that
-  // grid, every (tile, channel tile) pair over a few images: on one wave
-  // dw_3x3 was 20% slower, apparently because neighbouring tiles, which
+  // staging as few times as possible (with a block per tile and image the
+  // RGB stem spent much of its time on them), and for narrow tiles that
+  // cover a whole plane. Narrow tiles of larger planes keep a grid several
+  // blocks deep, every (tile, channel tile) pair over a few images: on one
+  // wave they were slower, apparently because neighbouring tiles, which
   // share halo rows, were then no longer staged at about the same time.
   const int co_tiles = (cout_g + kCoTile - 1) / kCoTile;
   const ItemRadix radix{tiles_w, (Ho + kTileRows - 1) / kTileRows, co_tiles, groups};
@@ -465,7 +464,7 @@ void launch_fprop_few_channels(const ConvParams& p, const at::Tensor& x, const a
   TORCH_CHECK(p.batch < (int64_t(1) << 30), "conv2d_ext: batch too large for the few-channel forward");
   const bool vec = few_channels::can_vectorise(x.data_ptr(), p.in_w);
   // On Hopper the tensor-copy engine stages the halo: one instruction per
-  // image instead of a loop of copies (a third of dw_5x5's instructions).
+  // image instead of a loop of copies (a large share of the instructions).
   // It reads the rows that 16-byte copies would (vec).
   const fc::Halo h = fc::fprop_halo(p);
   const bool tma = few_channels::tma_stages(vec, h);

@@ -2,10 +2,9 @@
 // stems) on TF32 tensor cores: TF32 in TF32 mode, 3xTF32 in IEEE mode;
 // mma.sync on sm_80+, and on Hopper wgmma (few_channels/fprop_sm90.cuh),
 // with the output stored through the tensor-copy engine where whole boxes
-// fit. The FFMA wide kernel (few_channels/fprop.cu) is issue-bound near
-// 40% of the FFMA peak, while this GEMM takes the stem's 7.55 GFLOP in 15 us
-// at the TF32 peak (45 us in 3xTF32): its floor is the output, written once
-// (103 MB for the stem, 268 MB for rgb_3x5).
+// fit. The FFMA wide kernel (few_channels/fprop.cu) is issue-bound well
+// below the FFMA peak, while on the tensor cores this GEMM's floor is the
+// output, written once (docs/kernels.md, "Few channels on tensor cores").
 //
 // GEMM view per group: M = Cout/groups (64-channel tiles, one per block for
 // its whole life), K = Cin/groups * KH * KW (the (input channel, tap) pairs
@@ -31,9 +30,9 @@
 // they accumulate, by up to an ulp of the running sum. A k8 step's three
 // products go into a fresh temporary, small ones first, so that one
 // truncation per step is at the size of the big products; FADDs (rounded
-// to nearest) add the temporaries up. Two steps per temporary measured
-// 1.4e-7 on rgb_3x5 (K = 45) against cuDNN's FP32 at 1.2e-7: four such
-// truncations per temporary.
+// to nearest) add the temporaries up. Two steps per temporary (four such
+// truncations per temporary) left more error than cuDNN's FP32 on short
+// reductions.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 

@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(fc::kThreads, 2)
       const int rows = min(kRows, Ho - oh0 - r0);  // this thread's output rows
       bool windowed = false;
       // Up to 2 channels: with 4 (grouped 4 -> 4) the window's registers
-      // made wgrad slower (0.19 -> 0.23 ms).
+      // made wgrad slower.
       if constexpr (KH_T > 0 && kTaps == KH_T * KW_T && kCo <= 2) {
         if (unit) {
           // Register window: input row i of the column feeds tap (kh, kw)
@@ -326,8 +326,8 @@ __global__ void __launch_bounds__(fc::kThreads, 2)
   float* s_x = s_go + kPixels * kGoPitch;          // [ci][halo_rows][pitch]
   // Each worker's sums of its tiles so far, [worker][kSumPitch]: a thread's
   // accumulators restart every tile (2 x 64 pixels), so that no FP32 chain
-  // runs over a whole slice (the stem at batch 32: 1792 products per
-  // chain, 7.1e-7 against cuDNN's 6.5e-7). The pitch keeps a quarter
+  // runs over a whole slice (a stem's chain over a slice was less accurate
+  // than cuDNN). The pitch keeps a quarter
   // warp's 16-byte accesses on distinct banks, and the offsets constant.
   float4* s_sum = reinterpret_cast<float4*>(s_x + p.in_channels_per_group() * halo_rows * pitch) +
                   threadIdx.x * (kSumPitch / 4);

@@ -42,8 +42,7 @@ namespace fc = conv2d_ext::few_channels;
 constexpr int kCo = fc::kWgradTcCo;
 constexpr int kMaxTiles = 3;       // m64 tiles of (channel, tap) rows per block
 // Four steps (twelve products) per temporary, as in the sm_90 wgrad: two
-// measured 2% slower on rgb_3x5 for the same errors (3.2-3.3e-7; stem
-// 2.8e-7 and 3.0e-7 with four; cuDNN's 9.4e-7 and 6.5e-7; H100).
+// were slower for the same errors, both below cuDNN's.
 constexpr int kStepsPerTemp = 4;
 static_assert(8 % kStepsPerTemp == 0 && 4 % kStepsPerTemp == 0, "whole temporaries a stage");
 static_assert(kMaxTiles * 64 == fc::kWgradTcWarpN * 8 * (fc::kThreads / 32),

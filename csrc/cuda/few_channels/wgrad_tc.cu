@@ -2,9 +2,9 @@
 // stems) on TF32 tensor cores (mma.sync, sm_80+): TF32 in TF32 mode, 3xTF32
 // in IEEE mode (on Hopper by wgmma: few_channels/wgrad_sm90.cuh). The
 // FFMA wide kernel (few_channels/wgrad.cu) tops out near a quarter of
-// the FFMA peak, while this GEMM's operands are few bytes per product: the
-// stem's 7.55 GFLOP take 15 us at the TF32 peak, 45 us in 3xTF32, against
-// 45 us to read its 122 MB once.
+// the FFMA peak, while this GEMM's operands are few bytes per product: on
+// the tensor cores an RGB stem's wgrad is bound by reading its tensors once
+// (docs/kernels.md, "Few channels on tensor cores").
 //
 // GEMM view per group: M = Cout/groups (64-channel tiles), N = Cin/groups *
 // KH * KW (the (input channel, tap) columns), K = N*Ho*Wo output pixels, split
@@ -85,8 +85,7 @@ __device__ __forceinline__ int go_swizzled(int row, int col) {
 
 // kSm90: Hopper's warpgroup MMA in 3xTF32 (sm_90a code only; see
 // few_channels/wgrad_sm90.cuh). TF32 stays on mma.sync: two blocks an
-// SM of it measured faster than one of wgmma (rgb_3x5 0.147 ms against
-// 0.170, H100), and no faster on the stem.
+// SM of it were faster than one of wgmma.
 template <bool kTf32x3, bool kSm90>
 __global__ void __launch_bounds__(kBlock, kTf32x3 ? 1 : 2)
     wgrad_tc_kernel(const __grid_constant__ CUtensorMap x_map,
@@ -190,8 +189,8 @@ __global__ void __launch_bounds__(kBlock, kTf32x3 ? 1 : 2)
   const int last = min(first + stages_per_slice, total);
   const int halo_cols = (fc::kTileCols - 1) * sw + (KW - 1) * p.dilation_w + 1;
   // Stage s is (image n, output row oh, columns from ow0), ow0 fastest.
-  // Cursors step by one stage with carries: the divisions of a stage's
-  // origin were a sixth of the RGB wgrad's stall samples (H100, IEEE).
+  // Cursors step by one stage with carries: dividing out each stage's
+  // origin was a large share of the kernel's stalls.
   struct Origin {
     int n, oh, ow0;
   };

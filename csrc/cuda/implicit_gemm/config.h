@@ -93,8 +93,8 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kUnitsPerWarp = 6;
 constexpr int kMaxUnits = kWarps * kUnitsPerWarp;
 // 8-channel groups per block: few-tap kernels (1x1) take many, so that a
-// staged grad_output tile feeds more MMAs (resnet_1x1: 8 -> 16 groups,
-// 0.47 -> 0.42 ms TF32, 0.96 -> 0.82 ms IEEE); shared memory bounds it.
+// staged grad_output tile feeds more MMAs (faster on 1x1 layers in both
+// modes); shared memory bounds it.
 constexpr int kMaxChannelGroups = 16;
 // Lanes of an A fragment read 8 channel rows x 4 pixels: a row pitch of 4
 // mod 32 puts them in 32 different banks (the halo planes likewise).
@@ -114,7 +114,7 @@ struct Layout {
   // cleared) after every output row of a K tile, [warp][unit of the warp]
   // [16][lane]. The tensor cores' accumulation truncates; over the whole K
   // of a slice (tens of thousands of pixels) that loses far more than FP32
-  // summation would, and even one tile's chain (48 MMAs) measured worse
+  // summation would, and even one tile's chain (48 MMAs) was less accurate
   // than cuDNN's FP32, so each chain is cut to one row (12 MMAs).
   int units_per_warp;
   int64_t sum_floats;
@@ -168,9 +168,9 @@ inline bool fits(const ConvParams& p, bool tf32x3, int sm) {
 // 3xTF32: the FP32 sums (Layout::sum_floats) are stored to a workspace slot
 // of their own and restarted every `tiles_per_chunk` K tiles of a slice,
 // and the slots summed in double. Over a whole slice the FP32 chain of row
-// sums dominated the error: ResNet's 3x3 stride-2 layer (128 -> 256, 56x56,
-// batch 64; 448 rows per slice) measured 4.5e-7 against cuDNN's 4.2e-7, and
-// slices 4 and 16 times shorter 3.2e-7 and 2.7e-7 (H100, 4 seeds). A chunk
+// sums dominated the error: on a slice of hundreds of output rows it rose
+// above cuDNN's, and shorter chains brought it well below (docs/kernels.md,
+// "wgrad on mma.sync"). A chunk
 // is 16 tiles (64 output rows) where the workspace stays under 64 MB, and
 // longer where the weights are so large that it would not.
 constexpr int64_t kSumChunkTiles = 16;

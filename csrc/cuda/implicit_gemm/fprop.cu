@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
           for (int f = 0; f < cfg::kWarpFrags; ++f) wgmma_fence_operands(acc[f]);
         } else {
           // mma.sync, both modes. Loading the next tap's operands during
-          // this tap's MMAs (two register sets) measured no faster.
+          // this tap's MMAs (two register sets) was no faster.
 #pragma unroll 1
           for (int t = 0; t < taps; ++t) {
             TapOperands<cfg::kWarpFrags> op;

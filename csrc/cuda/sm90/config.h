@@ -66,17 +66,17 @@ constexpr int kTmaColumnSlack = 4;
 constexpr int kMaxShifts = 2;
 
 // 3xTF32 over a long K (at least kLongK): the accumulators' FP32 chain of
-// temporaries (one add per 24 products) sets the error. On 5x9 dgrad (K =
-// 64 * 45) it measured 2.8e-7 against cuDNN strict's 1.9e-7. There the
+// temporaries (one add per 24 products) sets the error, which on a 5x9
+// dgrad of 64 channels rose above cuDNN strict's. There the
 // kernel splits the halo and weights with big rounded to nearest and cuts
 // each item's chain into segments of at most kSegmentK: a segment's
 // accumulators are added to the output in global memory (the block's own
 // tile: the thread that wrote an element reads it back) and restart at
 // zero. A model of the accumulation (exact k8 products, truncating
-// tensor-core adds, round-to-nearest FADDs) puts K = 2880 at 2.84e-7 as it
-// was, 2.33e-7 with big rounded, 1.77e-7 with three segments, 1.54e-7 with
-// five; five measured 1.53e-7, but each segment's read and write of the
-// tile cost a's dgrad about 0.2 ms (docs/history/), so three.
+// tensor-core adds, round-to-nearest FADDs) and the measurements agree
+// that rounding big and three segments bring it below cuDNN; more segments
+// gain little accuracy for another read and write of the tile each, so
+// three (docs/kernels.md, "Flat sm_90 forward").
 constexpr int64_t kLongK = 2048;
 constexpr int64_t kSegmentK = 1024;
 
@@ -123,9 +123,9 @@ inline Layout layout(const ConvParams& p, int log2_pitch, int shifts) {
   const int64_t positions = kPositions;
   // Output columns per tile: a multiple of 8, so that a tile's rows start
   // on 32-byte sectors where the output's rows do. Tiles ending mid-sector
-  // split sectors between blocks: on c (62-column tiles) memory traffic was
-  // 28% above the tensors' bytes, and 56-column tiles ran 3.87 -> 2.97 ms
-  // despite 11% more MMAs.
+  // split sectors between blocks: with 62-column tiles memory traffic ran
+  // well above the tensors' bytes, and 56-column tiles were faster despite
+  // more MMAs.
   const int64_t out_cols = (pitch - (p.kernel_w - 1) * p.dilation_w) / 8 * 8;
   if (out_cols < 1 || pitch > positions || p.stride_h != 1 || p.stride_w != 1) return l;
   const int64_t halo_rows = shifts * positions / pitch + p.kernel_h - 1;
@@ -175,8 +175,8 @@ inline Layout layout(const ConvParams& p, int log2_pitch, int shifts) {
 
 // The pitch and row shifts with the fewest MMAs (blocks times kernel rows
 // of K, dropped columns and rows included), weighted by how many blocks
-// share an SM: on c, 56-column tiles at three blocks per SM (2.97 ms) beat
-// 120-column tiles at two (3.54 ms) with 6% fewer blocks.
+// share an SM: narrower tiles at three blocks per SM beat wider ones at
+// two, though those have a few percent fewer blocks.
 inline Layout choose_layout(const ConvParams& p, bool tf32x3) {
   Layout best{};
   best.smem_bytes = INT64_MAX;

@@ -19,7 +19,7 @@
 // kRoundBig: big is rounded to nearest (otherwise truncated), where the
 // error would pass cuDNN's strict FP32 without it: over a short K, where
 // the products' rounding sets it (below 512: 1x1 dgrad), and over a long
-// K (at least cfg::kLongK: 5x9 dgrad of a and b), where the FP32 chain of
+// K (at least cfg::kLongK: a 5x9 dgrad of 64 channels), where the FP32 chain of
 // temporaries in the accumulators does and is also cut into segments whose
 // sums are added up in the output (config.h).
 //
@@ -258,9 +258,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kTf32x3)
         // + u * kThreads), their 32 loads first, and per-element chains free
         // of predicates, so that the elements interleave. With a compare
         // per element for small's rounding (tf32_operand) and the channel
-        // masks in predicates too, c's dgrad ran them one after another on
-        // the one predicate register left, 480 instructions a round where
-        // a full round of a full chunk is now 305 (docs/history, session 13).
+        // masks in predicates too, ptxas ran them one after another on the
+        // one predicate register left, with many more instructions a round.
         // `masked`: channels past the group's (a partial chunk); `tail`:
         // pixels past the box (loads clamped into it, stores skipped).
         constexpr int kPixels = cfg::kTf32x3Pixels;
@@ -524,7 +523,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kTf32x3)
         // rows of whole groups (3x3, 5x9) is one run of consecutive taps
         // of a row: its steps' positions follow from the group's first,
         // and the row advances once a group, not in a chain of compares
-        // and branches per step (7% of c's dgrad's stall samples).
+        // and branches per step, which showed in the stalls.
         constexpr bool kRowGroups =
             KH_T > 0 && KW_T > 0 && KW_T % kGroup == 0 && cfg::one_k8_step(KH_T, KW_T, kShifts);
         auto steps = [&](auto count, int t) {
