@@ -16,7 +16,7 @@
 
 // The direct kernels for few input channels per group (depthwise layers,
 // RGB stems) are specialised for the common depthwise and RGB sizes instead.
-#define CONV2D_EXT_FOR_EACH_SMALL_CHANNEL_KERNEL_SIZE(X) \
+#define CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE(X) \
   X(3, 3)                                                \
   X(3, 5)                                                \
   X(5, 5)                                                \
@@ -51,7 +51,7 @@ void dispatch_kernel_size(int64_t kernel_h, int64_t kernel_w,
 // The same over the few-channel list (float32 only).
 template <typename Fn>
 void dispatch_few_channels_kernel_size(int64_t kernel_h, int64_t kernel_w, Fn&& fn) {
-  CONV2D_EXT_FOR_EACH_SMALL_CHANNEL_KERNEL_SIZE(CONV2D_EXT_TRY_SIZE)
+  CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE(CONV2D_EXT_TRY_SIZE)
   fn(Int<0>{}, Int<0>{});
 }
 
