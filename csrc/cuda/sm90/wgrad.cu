@@ -66,88 +66,62 @@ __device__ __forceinline__ void split3(float x, uint32_t& big, uint32_t& small) 
   tf32_split</*kRoundBig=*/true, /*kRoundSmall=*/false>(x, big, small);
 }
 
-template <int MT, bool kTf32x3>
-__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
-    wgrad_sm90_kernel(const __grid_constant__ CUtensorMap x_map,
-                      const __grid_constant__ CUtensorMap go_map, const ConvParams p,
-                      const float* __restrict__ go, float* __restrict__ partial,
-                      const cfg::Layout L, int64_t tiles_per_split, bool go_by_tma,
-                      bool edge_steps) {
-  extern __shared__ __align__(128) float smem_base[];
-  __shared__ uint64_t halo_full[2], b_full[2];
-  const int Ho = p.out_h, Wo = p.out_w, KW = p.kernel_w;
-  const int taps = p.kernel_h * p.kernel_w;
-  const int dh = p.dilation_h, dw = p.dilation_w;
-  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
-  const int rows = L.rows, bc = L.halo_cols;
-  constexpr int kPerBlock = cfg::kUnitsPerTile * MT;
-  constexpr uint32_t kRowBytes = 4 * cfg::kRowFloats;
-  constexpr uint32_t kHalfBytes = kRowBytes / 2;  // one TMA box: 32 positions
+// A block's share of the weight gradient: group g, output channels co0 ..
+// co0 + 63, MT m64 tiles of units (8 input channels at one tap), and its
+// split's K tiles.
+struct BlockWork {
+  int unit_block, co_tile, g, co0;
+  int64_t kt_begin, kt_end;
+  int u0, block_group, tap0;
+};
 
-  // Shared memory: B's two buffers [rows][2 halves][64 channels][32
-  // positions] (3xTF32: big, then small), 1024-byte aligned for the
-  // swizzle; then two halo boxes [box channels][halo rows][halo cols].
-  float* const smem =
-      smem_base + ((cfg::kAlignSlack - (smem_addr(smem_base) & (cfg::kAlignSlack - 1))) &
-                   (cfg::kAlignSlack - 1)) / 4;
-  auto stage = [&](int s) { return smem + s * L.stage_floats; };
-  float* const halo0 = smem + 2 * L.stage_floats;
-
+__device__ __forceinline__ BlockWork block_work(const cfg::Layout& L, int64_t tiles_per_split,
+                                                int per_block) {
+  BlockWork w;
   int bx = blockIdx.x;
-  const int unit_block = bx % L.unit_blocks;
+  w.unit_block = bx % L.unit_blocks;
   bx /= L.unit_blocks;
-  const int co_tile = bx % L.co_tiles;
-  const int g = bx / L.co_tiles;
-  const int co0 = co_tile * cfg::kCo;
-  const int64_t kt_begin = blockIdx.y * tiles_per_split;
-  const int64_t kt_end = std::min<int64_t>(L.k_tiles, kt_begin + tiles_per_split);
+  w.co_tile = bx % L.co_tiles;
+  w.g = bx / L.co_tiles;
+  w.co0 = w.co_tile * cfg::kCo;
+  w.kt_begin = blockIdx.y * tiles_per_split;
+  w.kt_end = std::min<int64_t>(L.k_tiles, w.kt_begin + tiles_per_split);
+  w.u0 = w.unit_block * per_block;
+  w.block_group = L.group_blocks > 0 ? w.unit_block / L.group_blocks : 0;
+  w.tap0 = L.group_blocks > 0 ? (w.unit_block - w.block_group * L.group_blocks) * per_block : 0;
+  return w;
+}
 
-  // Unit i of the block as (channel group, tap); false past the last unit.
-  // The halo box starts at the block's first channel group.
-  const int u0 = unit_block * kPerBlock;
-  const int block_group = L.group_blocks > 0 ? unit_block / L.group_blocks : 0;
-  const int tap0 = L.group_blocks > 0 ? (unit_block - block_group * L.group_blocks) * kPerBlock : 0;
-  auto unit_at = [&](int i, int& cg, int& tap) {
-    if (L.group_blocks > 0) {
-      cg = block_group;
-      tap = tap0 + i;
-      return tap < taps;
-    }
-    const int u = u0 + i;
-    cg = u / taps;
-    tap = u - cg * taps;
-    return u < L.units;
-  };
-  int group_base, first_tap;
-  unit_at(0, group_base, first_tap);
+// Unit i of the block as (channel group, tap); false past the last unit.
+// The halo box starts at the block's first channel group.
+__device__ __forceinline__ bool unit_at(const cfg::Layout& L, const BlockWork& w, int taps, int i,
+                                        int& cg, int& tap) {
+  if (L.group_blocks > 0) {
+    cg = w.block_group;
+    tap = w.tap0 + i;
+    return tap < taps;
+  }
+  const int u = w.u0 + i;
+  cg = u / taps;
+  tap = u - cg * taps;
+  return u < L.units;
+}
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int gq = lane >> 2, tq = lane & 3;
+// K tiles in (image, row tile, column tile) order. A cursor steps through
+// them by carries: a tile's coordinates cost three run-time divisions, and
+// every thread needs the current tile, thread 0 two more, each K tile. The
+// row tile is kept as (tile_h / dh, tile_h % dh) for phase_row0.
+struct Cursor {
+  int n, thq, thr, tw;
+};
+struct Tile {
+  int n, oh0, ow0;
+};
+struct TileWalk {
+  const cfg::Layout& L;
+  int dh, tiles_hq;  // tiles_hq: whole, by phase_row_tiles
 
-  // Halo offset of this lane's A rows: channel gq of each of its two units
-  // (per tile), at the unit's tap, plus its position tq. Units past the
-  // last read the block's first (and are not stored).
-  int off[MT][2];
-#pragma unroll
-  for (int t = 0; t < MT; ++t)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      int cg, tap;
-      if (!unit_at(cfg::kUnitsPerTile * t + 2 * warp + h, cg, tap)) unit_at(0, cg, tap);
-      const int kh = tap / KW, kw = tap - kh * KW;
-      off[t][h] = ((cg - group_base) * 8 + gq) * L.plane + kh * bc + kw * dw + tq;
-    }
-
-  // K tiles in (image, row tile, column tile) order. A cursor steps through
-  // them by carries: a tile's coordinates cost three run-time divisions
-  // (about 60 instructions), and every thread needs the current tile, thread
-  // 0 two more, each K tile. The row tile is kept as (tile_h / dh,
-  // tile_h % dh) for phase_row0.
-  struct Cursor {
-    int n, thq, thr, tw;
-  };
-  const int tiles_hq = L.tiles_h / dh;  // whole: phase_row_tiles
-  auto cursor_at = [&](int64_t kt) {
+  __device__ __forceinline__ Cursor at(int64_t kt) const {
     const int64_t tiles_hw = int64_t(L.tiles_h) * L.tiles_w;
     Cursor c;
     c.n = static_cast<int>(kt / tiles_hw);
@@ -157,8 +131,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     c.thq = tile_h / dh;
     c.thr = tile_h - c.thq * dh;
     return c;
-  };
-  auto next = [&](Cursor c) {
+  }
+  __device__ __forceinline__ Cursor next(Cursor c) const {
     if (++c.tw == L.tiles_w) {
       c.tw = 0;
       if (++c.thr == dh) {
@@ -170,42 +144,52 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
       }
     }
     return c;
-  };
-  struct Tile {
-    int n, oh0, ow0;
-  };
-  auto tile_of = [&](Cursor c) {
-    // Rows oh0 + dh*r: phase_row0 of row tile thq * dh + thr.
-    return Tile{c.n, c.thq * rows * dh + c.thr, c.tw * cfg::kCols};
-  };
-
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) {
-      mbarrier_init(&halo_full[b], 1);
-      mbarrier_init(&b_full[b], 1);
-    }
-    fence_mbarrier_init();
   }
-  __syncthreads();
+  // Rows oh0 + dh*r: phase_row0 of row tile thq * dh + thr.
+  __device__ __forceinline__ Tile tile(Cursor c, int rows) const {
+    return Tile{c.n, c.thq * rows * dh + c.thr, c.tw * cfg::kCols};
+  }
+};
 
+// The producer side: the halo boxes (TMA, thread 0) and the B tiles (TMA,
+// or cp.async where grad_output's rows are not 16-byte multiples), each
+// double-buffered, and B's rounding or tf32x3 split in place.
+template <bool kTf32x3>
+struct Operands {
+  static constexpr uint32_t kRowBytes = 4 * cfg::kRowFloats;
+  const CUtensorMap& x_map;
+  const CUtensorMap& go_map;
+  const ConvParams& p;
+  const cfg::Layout& L;
+  const float* go;
+  float* smem;   // B's two buffers, 1024-byte aligned for the swizzle
+  float* halo0;  // then the two halo boxes
+  uint64_t* halo_full;
+  uint64_t* b_full;
+  bool go_by_tma;
+  int g, co0, cin_g, cout_g, group_base, rows, bc, dh, Ho, Wo;
+
+  __device__ __forceinline__ float* stage(int s) const { return smem + s * L.stage_floats; }
+  // This thread's 16-byte pieces of a B buffer: piece j (0 .. 8*rows - 1)
+  // is number j * 128 + tid, so that a warp's pieces are consecutive.
+  __device__ __forceinline__ float* piece(int s, int j) const {
+    return stage(s) + 4 * (j * cfg::kThreads + threadIdx.x);
+  }
   // Thread 0 starts the halo box of tile t into buffer `buf`; it starts on
   // a 16-byte column, up to 3 left of the halo's first.
-  auto start_halo = [&](const Tile& t, int buf) {
+  __device__ __forceinline__ void start_halo(const Tile& t, int buf) const {
     const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
     const int ih0 = t.oh0 - static_cast<int>(p.pad_h);
     mbarrier_arrive_expect_tx(&halo_full[buf],
                               static_cast<uint32_t>(4 * L.box_channels * L.halo_rows * bc));
     tma_load_4d(halo0 + buf * L.halo_floats, &x_map, iw0 & ~3, ih0,
                 g * cin_g + group_base * 8, t.n, &halo_full[buf]);
-  };
-  // This thread's 16-byte pieces of a B buffer: piece j (0 .. 8*rows - 1)
-  // is number j * 128 + tid, so that a warp's pieces are consecutive.
-  auto piece = [&](int s, int j) { return stage(s) + 4 * (j * cfg::kThreads + threadIdx.x); };
+  }
   // grad_output of tile t into B buffer s: by TMA (thread 0; a box per
   // output row and column half), or by cp.async, each thread copying the
   // pieces it will round (zeros outside the output), so that it waits for
   // its own copies only.
-  auto start_b = [&](const Tile& t, int s) {
+  __device__ __forceinline__ void start_b(const Tile& t, int s) const {
     const int gco0 = g * cout_g + co0;
     if (go_by_tma) {
       if (threadIdx.x == 0) {
@@ -236,18 +220,18 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
       }
     }
     cp_async_commit();
-  };
+  }
   // B of local tile i has landed (this thread's pieces, on the cp.async path).
-  auto wait_b = [&](int64_t i) {
+  __device__ __forceinline__ void wait_b(int64_t i) const {
     if (go_by_tma) {
       mbarrier_wait(&b_full[i & 1], static_cast<uint32_t>((i >> 1) & 1));
     } else {
       cp_async_wait<0>();
     }
-  };
+  }
   // Piece j of B buffer s rounded (TF32) or split (3xTF32: the small half
   // kept at the same offset of the buffer's second half) in place.
-  auto convert = [&](int s, int j) {
+  __device__ __forceinline__ void convert(int s, int j) const {
     float* big = piece(s, j);
     const float4 v = *reinterpret_cast<const float4*>(big);
     if constexpr (kTf32x3) {
@@ -262,179 +246,263 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
       st_shared_16(big, tf32_operand(v.x), tf32_operand(v.y), tf32_operand(v.z),
                    tf32_operand(v.w));
     }
-  };
+  }
+};
 
-  float acc[MT][8][4];
-  zero_fragments(acc);
-  float tmp[kTf32x3 ? MT : 1][8][4];
-  (void)tmp;
-
-  const uint32_t b_small_bytes = 4 * static_cast<uint32_t>(L.b_floats);
-
-  // One K tile from B buffer `s`: the rows inside the output, 8 k8 steps
-  // each, with the next tile's B (buffer s ^ 1) converted in each row's
-  // steps 4..7 (has_next: there is one; its copy is waited for first).
-  // kMask: the tile crosses the right edge (`cols` valid columns). Only
-  // its first kSteps steps reach a column inside it: the rest, whose
-  // grad_output is zero, issue no wgmma. A compile-time count, as a run-time
-  // test between the wgmmas of a step and its wait makes ptxas serialise
-  // them and spill; even, so that a row's last group has A set 1 while the
-  // next row's first step writes set 0, as in a whole tile. 3xTF32 only:
-  // the TF32 kernels' registers grew with the variants (the four-tile one
-  // spilled), and their targets have the margin.
-  auto compute = [&](const float* hb, int s, int64_t i, bool has_next, int valid_rows, int cols,
-                     auto mask_tag, auto steps_tag) {
-    constexpr bool kMask = decltype(mask_tag)::value;
-    constexpr int kSteps = decltype(steps_tag)::value;
-    static_assert(kSteps % 2 == 0 && kSteps <= cfg::kCols / 8, "whole pairs of k8 steps");
-    const uint32_t b_addr = smem_addr(stage(s));
-    uint32_t a_big[2][MT][4], a_small[kTf32x3 ? 2 : 1][MT][4];
-    (void)a_small;
+// One K tile of the main loop from B buffer `s`: the rows inside the
+// output, 8 k8 steps each, with the next tile's B (buffer s ^ 1) converted
+// in each row's steps 4..7 (has_next: there is one; its copy is waited for
+// first). Each step loads A for every tile (rounded or split as loaded),
+// then issues the tiles' wgmmas as one group; a step's group retires one
+// step later, so A comes in two register sets.
+// kMask: the tile crosses the right edge (`cols` valid columns). Only its
+// first kSteps steps reach a column inside it: the rest, whose grad_output
+// is zero, issue no wgmma. A compile-time count, as a run-time test between
+// the wgmmas of a step and its wait makes ptxas serialise them and spill;
+// even, so that a row's last group has A set 1 while the next row's first
+// step writes set 0, as in a whole tile. 3xTF32 only: the TF32 kernels'
+// registers grew with the variants (the four-tile one spilled), and their
+// targets have the margin.
+template <int MT, bool kTf32x3, bool kMask, int kSteps>
+__device__ __forceinline__ void mainloop_tile(const Operands<kTf32x3>& ops, const int (&off)[MT][2],
+                                              float (&acc)[MT][8][4],
+                                              float (&tmp)[kTf32x3 ? MT : 1][8][4],
+                                              uint32_t b_small_bytes, const float* hb, int s,
+                                              int64_t i, bool has_next, int valid_rows, int cols,
+                                              int tq) {
+  static_assert(kSteps % 2 == 0 && kSteps <= cfg::kCols / 8, "whole pairs of k8 steps");
+  constexpr uint32_t kRowBytes = Operands<kTf32x3>::kRowBytes;
+  constexpr uint32_t kHalfBytes = kRowBytes / 2;  // one TMA box: 32 positions
+  const int rows = ops.rows, bc = ops.bc;
+  const uint32_t b_addr = smem_addr(ops.stage(s));
+  uint32_t a_big[2][MT][4], a_small[kTf32x3 ? 2 : 1][MT][4];
+  (void)a_small;
 #pragma unroll 1
-    for (int r = 0; r < valid_rows; ++r) {
-      const float* hr = hb + r * bc;
+  for (int r = 0; r < valid_rows; ++r) {
+    const float* hr = hb + r * bc;
 #pragma unroll
-      for (int k = 0; k < cfg::kCols / 8; ++k) {
-        const int set = k & 1;
-        if (k < kSteps) {
-          const bool keep0 = !kMask || 8 * k + tq < cols;
-          const bool keep1 = !kMask || 8 * k + tq + 4 < cols;
+    for (int k = 0; k < cfg::kCols / 8; ++k) {
+      const int set = k & 1;
+      if (k < kSteps) {
+        const bool keep0 = !kMask || 8 * k + tq < cols;
+        const bool keep1 = !kMask || 8 * k + tq + 4 < cols;
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          float v[4] = {hr[off[t][0] + 8 * k], hr[off[t][1] + 8 * k], hr[off[t][0] + 8 * k + 4],
+                        hr[off[t][1] + 8 * k + 4]};
+          if (kMask) {
+            v[0] = keep0 ? v[0] : 0.f;
+            v[1] = keep0 ? v[1] : 0.f;
+            v[2] = keep1 ? v[2] : 0.f;
+            v[3] = keep1 ? v[3] : 0.f;
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if constexpr (kTf32x3) {
+              split3(v[e], a_big[set][t][e], a_small[set][t][e]);
+            } else {
+              a_big[set][t][e] = tf32_operand(v[e]);
+            }
+          }
+        }
+        // Step k: 32 bytes into the 128-byte rows of column half k / 4.
+        const uint32_t step_addr = b_addr + r * kRowBytes + (k / 4) * kHalfBytes + (k % 4) * 32;
+        const uint64_t big = wgmma_desc_sw128(step_addr);
+        wgmma_fence();
+        if constexpr (kTf32x3) {
+          const uint64_t small = wgmma_desc_sw128(step_addr + b_small_bytes);
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
-            float v[4] = {hr[off[t][0] + 8 * k], hr[off[t][1] + 8 * k], hr[off[t][0] + 8 * k + 4],
-                          hr[off[t][1] + 8 * k + 4]};
-            if (kMask) {
-              v[0] = keep0 ? v[0] : 0.f;
-              v[1] = keep0 ? v[1] : 0.f;
-              v[2] = keep1 ? v[2] : 0.f;
-              v[3] = keep1 ? v[3] : 0.f;
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              if constexpr (kTf32x3) {
-                split3(v[e], a_big[set][t][e], a_small[set][t][e]);
-              } else {
-                a_big[set][t][e] = tf32_operand(v[e]);
-              }
-            }
+            // Restarted every 4 steps.
+            wgmma_m64n64k8_3xtf32(tmp[t], a_big[set][t], a_small[set][t], big, small, k % 4 != 0);
           }
-          // Step k: 32 bytes into the 128-byte rows of column half k / 4.
-          const uint32_t step_addr = b_addr + r * kRowBytes + (k / 4) * kHalfBytes + (k % 4) * 32;
-          const uint64_t big = wgmma_desc_sw128(step_addr);
-          wgmma_fence();
-          if constexpr (kTf32x3) {
-            const uint64_t small = wgmma_desc_sw128(step_addr + b_small_bytes);
+        } else {
 #pragma unroll
-            for (int t = 0; t < MT; ++t) {
-              // Restarted every 4 steps.
-              wgmma_m64n64k8_3xtf32(tmp[t], a_big[set][t], a_small[set][t], big, small, k % 4 != 0);
-            }
-          } else {
-#pragma unroll
-            for (int t = 0; t < MT; ++t) wgmma_m64n64k8_tf32(acc[t], a_big[set][t], big, true);
-          }
-          wgmma_commit();
+          for (int t = 0; t < MT; ++t) wgmma_m64n64k8_tf32(acc[t], a_big[set][t], big, true);
         }
-        if (k >= 4) {
-          if (k == 4 && r == 0 && has_next) wait_b(i + 1);
-          convert(s ^ 1, 8 * r + 2 * (k - 4));
-          convert(s ^ 1, 8 * r + 2 * (k - 4) + 1);
-        }
-        if (k >= kSteps) continue;
-        if constexpr (kTf32x3) {
-          if (k % 4 == 3 || k == kSteps - 1) {
-            wgmma_wait<0>();
+        wgmma_commit();
+      }
+      if (k >= 4) {
+        if (k == 4 && r == 0 && has_next) ops.wait_b(i + 1);
+        ops.convert(s ^ 1, 8 * r + 2 * (k - 4));
+        ops.convert(s ^ 1, 8 * r + 2 * (k - 4) + 1);
+      }
+      if (k >= kSteps) continue;
+      if constexpr (kTf32x3) {
+        if (k % 4 == 3 || k == kSteps - 1) {
+          wgmma_wait<0>();
 #pragma unroll
-            for (int t = 0; t < MT; ++t) wgmma_add_temporary(acc[t], tmp[t]);
-          } else {
-            wgmma_wait<1>();
-          }
+          for (int t = 0; t < MT; ++t) wgmma_add_temporary(acc[t], tmp[t]);
         } else {
           wgmma_wait<1>();
         }
+      } else {
+        wgmma_wait<1>();
       }
     }
-    wgmma_wait<0>();
-    if constexpr (!kTf32x3) {
-#pragma unroll
-      for (int t = 0; t < MT; ++t) wgmma_fence_operands(acc[t]);
-    }
-    // Rows of the next tile past this one's valid rows (at the bottom edge).
-#pragma unroll 1
-    for (int r = valid_rows; r < rows; ++r)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) convert(s ^ 1, 8 * r + j);
-  };
-
-  Cursor cur = cursor_at(kt_begin);
-  if (kt_begin < kt_end) {
-    const bool two = kt_begin + 1 < kt_end;
-    if (threadIdx.x == 0) {
-      start_halo(tile_of(cur), 0);
-      if (two) start_halo(tile_of(next(cur)), 1);
-    }
-    start_b(tile_of(cur), 0);
-    if (two) start_b(tile_of(next(cur)), 1);
-    wait_b(0);
-#pragma unroll 1
-    for (int j = 0; j < 8 * rows; ++j) convert(0, j);
-    fence_proxy_async_smem();  // wgmma reads what the threads stored
-    __syncthreads();
   }
-  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
-    const int64_t i = kt - kt_begin;
-    const int buf = static_cast<int>(i & 1);
-    const Tile t = tile_of(cur);
-    const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
-    const float* hb = halo0 + buf * L.halo_floats + (iw0 & 3);
-    int valid_rows = rows;  // oh0 + dh*r < Ho; a division only at the bottom
-    if (t.oh0 + dh * (rows - 1) >= Ho) valid_rows = (Ho - t.oh0 + dh - 1) / dh;
-    const int cols = Wo - t.ow0;
-    const bool has_next = kt + 1 < kt_end;
-    mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
-    if (cols >= cfg::kCols) {
-      compute(hb, buf, i, has_next, valid_rows, cols, std::false_type{}, Steps<8>{});
-    } else if (!kTf32x3 || !edge_steps || cols > 48) {
-      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<8>{});
-    } else if (cols > 32) {
-      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<6>{});
-    } else if (cols > 16) {
-      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<4>{});
-    } else {
-      compute(hb, buf, i, has_next, valid_rows, cols, std::true_type{}, Steps<2>{});
-    }
-    fence_proxy_async_smem();  // the next tile's B, stored by the threads
-    __syncthreads();  // every lane is done with this halo and B buffer
-    if (kt + 2 < kt_end) {
-      const Tile t2 = tile_of(next(next(cur)));
-      if (threadIdx.x == 0) start_halo(t2, buf);
-      start_b(t2, buf);
-    }
-    cur = next(cur);
+  wgmma_wait<0>();
+  if constexpr (!kTf32x3) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t) wgmma_fence_operands(acc[t]);
   }
+  // Rows of the next tile past this one's valid rows (at the bottom edge).
+#pragma unroll 1
+  for (int r = valid_rows; r < rows; ++r)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ops.convert(s ^ 1, 8 * r + j);
+}
 
-  // Accumulator (t, f, e): row gq (+8 for e >= 2) of the warp's 16 in tile
-  // t, i.e. channel gq of unit 2*warp (+1) at its tap; column 8f + 2tq
-  // (+1 for odd e), output channel co0 + that.
+// The epilogue: accumulator (t, f, e) is row gq (+8 for e >= 2) of the
+// warp's 16 in tile t, i.e. channel gq of unit 2*warp (+1) at its tap;
+// column 8f + 2tq (+1 for odd e), output channel co0 + that. Into this
+// split's slice of the partial sums.
+template <int MT>
+__device__ __forceinline__ void store_partials(const ConvParams& p, const cfg::Layout& L,
+                                               const BlockWork& w, const float (&acc)[MT][8][4],
+                                               float* partial, int taps, int cin_g, int cout_g,
+                                               int warp, int gq, int tq) {
   float* out = partial + blockIdx.y * p.weight_numel();
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       int cg, tap;
-      if (!unit_at(cfg::kUnitsPerTile * t + 2 * warp + h, cg, tap)) continue;
+      if (!unit_at(L, w, taps, cfg::kUnitsPerTile * t + 2 * warp + h, cg, tap)) continue;
       const int ci = cg * 8 + gq;
       if (ci >= cin_g) continue;
 #pragma unroll
       for (int f = 0; f < 8; ++f)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int co = co0 + 8 * f + 2 * tq + e;
+          const int co = w.co0 + 8 * f + 2 * tq + e;
           if (co >= cout_g) continue;
-          out[((int64_t(g) * cout_g + co) * cin_g + ci) * taps + tap] = acc[t][f][2 * h + e];
+          out[((int64_t(w.g) * cout_g + co) * cin_g + ci) * taps + tap] = acc[t][f][2 * h + e];
         }
     }
 }
+
+template <int MT, bool kTf32x3>
+__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
+    wgrad_sm90_kernel(const __grid_constant__ CUtensorMap x_map,
+                      const __grid_constant__ CUtensorMap go_map, const ConvParams p,
+                      const float* __restrict__ go, float* __restrict__ partial,
+                      const cfg::Layout L, int64_t tiles_per_split, bool go_by_tma,
+                      bool edge_steps) {
+  extern __shared__ __align__(128) float smem_base[];
+  __shared__ uint64_t halo_full[2], b_full[2];
+  const int Ho = p.out_h, Wo = p.out_w, KW = p.kernel_w;
+  const int taps = p.kernel_h * p.kernel_w;
+  const int dh = p.dilation_h, dw = p.dilation_w;
+  const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
+  const int rows = L.rows, bc = L.halo_cols;
+
+  // Shared memory: B's two buffers [rows][2 halves][64 channels][32
+  // positions] (3xTF32: big, then small), 1024-byte aligned for the
+  // swizzle; then two halo boxes [box channels][halo rows][halo cols].
+  float* const smem =
+      smem_base + ((cfg::kAlignSlack - (smem_addr(smem_base) & (cfg::kAlignSlack - 1))) &
+                   (cfg::kAlignSlack - 1)) / 4;
+  float* const halo0 = smem + 2 * L.stage_floats;
+
+  const BlockWork w = block_work(L, tiles_per_split, cfg::kUnitsPerTile * MT);
+  int group_base, first_tap;
+  unit_at(L, w, taps, 0, group_base, first_tap);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gq = lane >> 2, tq = lane & 3;
+
+  // Halo offset of this lane's A rows: channel gq of each of its two units
+  // (per tile), at the unit's tap, plus its position tq. Units past the
+  // last read the block's first (and are not stored).
+  int off[MT][2];
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int cg, tap;
+      if (!unit_at(L, w, taps, cfg::kUnitsPerTile * t + 2 * warp + h, cg, tap)) {
+        unit_at(L, w, taps, 0, cg, tap);
+      }
+      const int kh = tap / KW, kw = tap - kh * KW;
+      off[t][h] = ((cg - group_base) * 8 + gq) * L.plane + kh * bc + kw * dw + tq;
+    }
+
+  const TileWalk walk{L, dh, L.tiles_h / dh};
+  const Operands<kTf32x3> ops{x_map, go_map, p,         L,    go,    smem, halo0, halo_full,
+                              b_full, go_by_tma, w.g,   w.co0, cin_g, cout_g, group_base,
+                              rows,  bc,       dh,       Ho,   Wo};
+
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&halo_full[b], 1);
+      mbarrier_init(&b_full[b], 1);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  float acc[MT][8][4];
+  zero_fragments(acc);
+  float tmp[kTf32x3 ? MT : 1][8][4];
+  (void)tmp;
+  const uint32_t b_small_bytes = 4 * static_cast<uint32_t>(L.b_floats);
+
+  // Prologue: the first two K tiles' copies, the first one's B converted.
+  Cursor cur = walk.at(w.kt_begin);
+  if (w.kt_begin < w.kt_end) {
+    const bool two = w.kt_begin + 1 < w.kt_end;
+    if (threadIdx.x == 0) {
+      ops.start_halo(walk.tile(cur, rows), 0);
+      if (two) ops.start_halo(walk.tile(walk.next(cur), rows), 1);
+    }
+    ops.start_b(walk.tile(cur, rows), 0);
+    if (two) ops.start_b(walk.tile(walk.next(cur), rows), 1);
+    ops.wait_b(0);
+#pragma unroll 1
+    for (int j = 0; j < 8 * rows; ++j) ops.convert(0, j);
+    fence_proxy_async_smem();  // wgmma reads what the threads stored
+    __syncthreads();
+  }
+  for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
+    const int64_t i = kt - w.kt_begin;
+    const int buf = static_cast<int>(i & 1);
+    const Tile t = walk.tile(cur, rows);
+    const int iw0 = t.ow0 - static_cast<int>(p.pad_w);
+    const float* hb = halo0 + buf * L.halo_floats + (iw0 & 3);
+    int valid_rows = rows;  // oh0 + dh*r < Ho; a division only at the bottom
+    if (t.oh0 + dh * (rows - 1) >= Ho) valid_rows = (Ho - t.oh0 + dh - 1) / dh;
+    const int cols = Wo - t.ow0;
+    const bool has_next = kt + 1 < w.kt_end;
+    mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
+    auto tile = [&](auto mask, auto steps) {
+      mainloop_tile<MT, kTf32x3, decltype(mask)::value, decltype(steps)::value>(
+          ops, off, acc, tmp, b_small_bytes, hb, buf, i, has_next, valid_rows, cols, tq);
+    };
+    if (cols >= cfg::kCols) {
+      tile(std::false_type{}, Steps<8>{});
+    } else if (!kTf32x3 || !edge_steps || cols > 48) {
+      tile(std::true_type{}, Steps<8>{});
+    } else if (cols > 32) {
+      tile(std::true_type{}, Steps<6>{});
+    } else if (cols > 16) {
+      tile(std::true_type{}, Steps<4>{});
+    } else {
+      tile(std::true_type{}, Steps<2>{});
+    }
+    fence_proxy_async_smem();  // the next tile's B, stored by the threads
+    __syncthreads();  // every lane is done with this halo and B buffer
+    if (kt + 2 < w.kt_end) {
+      const Tile t2 = walk.tile(walk.next(walk.next(cur)), rows);
+      if (threadIdx.x == 0) ops.start_halo(t2, buf);
+      ops.start_b(t2, buf);
+    }
+    cur = walk.next(cur);
+  }
+
+  store_partials<MT>(p, L, w, acc, partial, taps, cin_g, cout_g, warp, gq, tq);
+}
+
 
 template <bool kTf32x3>
 void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::Tensor& grad_w,
