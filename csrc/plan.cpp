@@ -55,8 +55,10 @@ bool tensor_core_channels(const ConvParams& p) {
 // reduction is below that floor. So a wgrad reduction of fewer than
 // kShortWgradReduction products per weight (N*Ho*Wo) runs the direct FFMA
 // kernel, whose short per-thread sums and fixed-order tree stay below
-// cuDNN there; an FP32 sum growing as sqrt(K) meets 3xTF32 near 5000
-// (docs/kernels.md, "Precision: what every kernel shares").
+// cuDNN there. An FP32 sum's error, growing as sqrt(K) from cuDNN's on
+// short reductions, reaches the 3xTF32 floor below kShortWgradReduction,
+// which leaves a margin (docs/kernels.md, "Precision: what every kernel
+// shares").
 constexpr int64_t kShortWgradReduction = 8192;
 bool short_wgrad(const ConvParams& p) {
   return option(Option::kShortWgradDirect) &&
@@ -87,14 +89,15 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
   namespace fc = few_channels;
   if (sm < 80 || p.in_channels_per_group() > fc::kMaxChannels) return Algo::kDirect;
   // wgrad of wide tiles (RGB stems) is a GEMM of few bytes per product:
-  // the FFMA kernel reached a quarter of the FFMA peak, well under the
-  // tensor cores. IEEE mode keeps short reductions on FFMA, as above.
+  // the FFMA kernel stayed far below the FFMA peak, itself well under the
+  // tensor cores' (docs/kernels.md, "Few channels on tensor cores"). IEEE mode
+  // keeps short reductions on FFMA, as above.
   if (pass == Pass::kWgrad && fc::wgrad_tc_fits(p, math == MathMode::kIEEE) &&
       !(math == MathMode::kIEEE && short_wgrad(p))) {
     return Algo::kFewChannelsTensorCore;
   }
   // TF32-mode dgrad of every stride phase at once (RGB stems at stride 2):
-  // the FFMA gather reaches under half of the FFMA peak. 3xTF32 (on this
+  // the FFMA gather stays well below the FFMA peak. 3xTF32 (on this
   // kernel, and on wgmma) was slower than the gather and, on wgmma, less
   // accurate than cuDNN's strict FP32: IEEE mode keeps the gather.
   if (pass == Pass::kDgrad && math == MathMode::kTF32 &&

@@ -118,8 +118,8 @@ inline int pick_pixel_tile_w(int64_t row_width) {
 
 // Launch facts of a kernel on the current device, asked of the runtime once
 // per (kernel, device) and remembered (launch_cache.cu): the attribute and
-// occupancy queries took several microseconds of host time per call, as
-// much as the rest of a small layer's dispatch.
+// occupancy queries cost as much host time per call as the rest of a small
+// layer's dispatch.
 //
 // Raises the kernel's dynamic shared-memory limit to `bytes` when the
 // launch needs more than the default 48 KiB with its static shared memory.

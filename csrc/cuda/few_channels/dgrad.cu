@@ -20,9 +20,10 @@
 // accumulate_pairs). On Hopper one thread starts both copies (a tensor-map box
 // for the halo, a bulk copy of the weights, prearranged per phase by a
 // small kernel): staging them with per-thread copies and index arithmetic
-// was a third of the stem's instructions. Elsewhere 16-byte copies where
-// rows are aligned. Two chunks are staged where they fit, the next one's
-// copies in flight while this one computes (faster than one).
+// was a large share of the stem's instructions. Elsewhere 16-byte copies
+// where rows are aligned. Two chunks are staged where they fit, the next
+// one's copies in flight while this one computes (faster than one; see
+// docs/kernels.md, "Few channels on FFMA").
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -113,8 +114,8 @@ __device__ __forceinline__ void accumulate_column(const float* s, const float* w
 // one, so a window row is ceil((kCw + 2) / 2) 8-byte loads for every tap
 // of the row and both columns. Per channel of a stem phase of 4 x 4 taps
 // that is 21 window and 16 weight loads for 384 FFMA, where one column a
-// thread (accumulate_column) spends 60 loads on the same FFMA (SASS: 430
-// instructions a channel against about 500). `s` points at row 0 of the
+// thread (accumulate_column) spends 60 loads on the same FFMA, and fewer
+// instructions a channel in all. `s` points at row 0 of the
 // window (tap q = 0, the phase's last kernel row, for the thread's row 0)
 // at the even column at or before the thread's first; kOdd says whether
 // that is one column before. `w` holds the channel's taps, tap (q, b) at w

@@ -121,8 +121,9 @@ __global__ void __launch_bounds__(fc::kThreads, 2)
   const int x_floats = static_cast<int>(fc::aligned_floats(halo_rows * pitch));
   const int buf_floats = x_floats + kCo * kGoFloats;
   // Step s is tile (th, tw) of image n, tw fastest. Cursors step by one
-  // tile with carries: divisions per step were a tenth of the depthwise
-  // wgrad's instructions.
+  // tile with carries: divisions per step were a visible share of the
+  // depthwise wgrad's instructions (docs/kernels.md, "Few channels on
+  // FFMA").
   struct Origin {
     int n, oh0, ow0;
   };
