@@ -154,6 +154,9 @@ struct TileWalk {
 // The producer side: the halo boxes (TMA, thread 0) and the B tiles (TMA,
 // or cp.async where grad_output's rows are not 16-byte multiples), each
 // double-buffered, and B's rounding or tf32x3 split in place.
+// The members refer to the kernel's own values, as a lambda's captures
+// would: copies of them (go's __restrict__ kept or not) changed the code
+// the compiler made of the whole kernel.
 template <bool kTf32x3>
 struct Operands {
   static constexpr uint32_t kRowBytes = 4 * cfg::kRowFloats;
@@ -161,13 +164,13 @@ struct Operands {
   const CUtensorMap& go_map;
   const ConvParams& p;
   const cfg::Layout& L;
-  const float* go;
-  float* smem;   // B's two buffers, 1024-byte aligned for the swizzle
-  float* halo0;  // then the two halo boxes
-  uint64_t* halo_full;
-  uint64_t* b_full;
-  bool go_by_tma;
-  int g, co0, cin_g, cout_g, group_base, rows, bc, dh, Ho, Wo;
+  const float* __restrict__ const& go;
+  float* const& smem;   // B's two buffers, 1024-byte aligned for the swizzle
+  float* const& halo0;  // then the two halo boxes
+  uint64_t (&halo_full)[2];
+  uint64_t (&b_full)[2];
+  const bool& go_by_tma;
+  const int &g, &co0, &cin_g, &cout_g, &group_base, &rows, &bc, &dh, &Ho, &Wo;
 
   __device__ __forceinline__ float* stage(int s) const { return smem + s * L.stage_floats; }
   // This thread's 16-byte pieces of a B buffer: piece j (0 .. 8*rows - 1)
