@@ -1,7 +1,7 @@
 // The one place where each call picks its algorithm and arithmetic.
 //
-// Every pass asks choose_plan(); new kernels (tensor-core implicit GEMM,
-// depthwise, ...) plug in here and nowhere else.
+// Every pass asks choose_plan(); a new kernel family plugs in here and in
+// the pass files' switch on the Algo, nowhere else (docs/kernels.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -145,8 +145,6 @@ def _expected_kernel(case, pass_, precision):
     modes here; the forward does from 32 output channels per group, and
     TF32-mode dgrad where the stride phases fill half an m16 tile."""
     _, cin, _, _, cout, _, _, _, _, groups, _ = case
-    if cin // groups == 1 and cout // groups <= 4:
-        return "few_channels"  # the narrow (depthwise) tiles
     if pass_ == "backward_weight" and _wide(case):
         return "few_channels_tc"
     if pass_ == "forward" and cout // groups >= 32:
@@ -163,7 +161,7 @@ def _wide(case):
 
 def _precisions(x, wt, stride, padding, dilation, groups):
     """The precision each pass is held to, for the operands the op sees. The
-    small-channel CUDA kernels are FFMA, so they must meet the IEEE bound in
+    few-channel FFMA kernels must meet the IEEE bound in
     either mode; every other kernel, the op's mode as usual."""
     default = precision_of(x.dtype, x.device.type)
     if x.device.type != "cuda":
@@ -211,7 +209,7 @@ def _run(case, device, dtype):
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("device", DEVICES)
 def test_few_channels_against_float64(case, device, precision):
-    """Float32 in both modes; on CUDA the small-channel kernels are held to
+    """Float32 in both modes; on CUDA the few-channel FFMA kernels are held to
     the IEEE bound in TF32 mode too."""
     _run(case, device, torch.float32)
 
@@ -321,9 +319,9 @@ def test_few_channels_float64(case, device):
 @cuda_only
 def test_few_channels_cases_reach_their_kernels(precision):
     """The cases test what they claim: in float32, every pass of each runs
-    the depthwise kernel (one input channel and at most four output channels
-    per group) or the few-channel kernel (at most 4 input channels per
-    group), in both precision modes; wgrad with more than 4 output channels
+    the few-channel kernels (at most 4 input channels per group; narrow
+    tiles for at most 4 output channels per group, depthwise layers among
+    them), in both precision modes; wgrad with more than 4 output channels
     per group and the forward with at least 32, the tensor-core ones."""
     for case in CASES + REPRODUCIBLE:
         n, cin, h, w, cout, k, _, _, _, groups, _ = case
