@@ -408,7 +408,7 @@ def test_wgrad_wgmma_stage_bitwise_reproducible():
 
 
 def _dgrad_tc(case):
-    """The shapes dgrad_tc_fits (tile_config.h) takes: stride phases times
+    """The shapes dgrad_tc_fits (few_channels/config.h) takes: stride phases times
     input channels per group fill 8 to 16 rows, 8 or more output channels
     per group."""
     _, cin, _, _, cout, _, stride, _, _, groups, _ = case

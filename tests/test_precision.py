@@ -65,7 +65,7 @@ SHORT_K = {"1x1": (8, 256, 28, 28, 64, (1, 1), 0)}
 # dgrad of the 5x9 layer (a 3xTF32 forward over K = 64*45 products)
 # measured 2.8e-7 against cuDNN's 1.9e-7 in one chain of accumulator adds;
 # the flat kernel now rounds big parts and sums three segments there
-# (tile_config.h, kLongK): 1.7e-7.
+# (sm90/config.h, kLongK): 1.7e-7.
 @cuda_only
 @pytest.mark.parametrize(
     "name,pass_",
