@@ -107,6 +107,27 @@ __device__ __forceinline__ bool unit_at(const cfg::Layout& L, const BlockWork& w
   return u < L.units;
 }
 
+// Halo offset of this lane's A rows: channel gq of each of its two units
+// (per tile), at the unit's tap, plus its position tq. Units past the last
+// read the block's first (and are not stored).
+template <int MT>
+__device__ __forceinline__ void a_offsets(const ConvParams& p, const cfg::Layout& L,
+                                          const BlockWork& w, int taps, int group_base, int warp,
+                                          int gq, int tq, int (&off)[MT][2]) {
+  const int KW = p.kernel_w, dw = p.dilation_w, bc = L.halo_cols;
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int cg, tap;
+      if (!unit_at(L, w, taps, cfg::kUnitsPerTile * t + 2 * warp + h, cg, tap)) {
+        unit_at(L, w, taps, 0, cg, tap);
+      }
+      const int kh = tap / KW, kw = tap - kh * KW;
+      off[t][h] = ((cg - group_base) * 8 + gq) * L.plane + kh * bc + kw * dw + tq;
+    }
+}
+
 // K tiles in (image, row tile, column tile) order. A cursor steps through
 // them by carries: a tile's coordinates cost three run-time divisions, and
 // every thread needs the current tile, thread 0 two more, each K tile. The
@@ -224,6 +245,15 @@ struct Operands {
     }
     cp_async_commit();
   }
+  // The halo box of local tile i (in buffer buf = i % 2) has landed.
+  __device__ __forceinline__ void wait_halo(int buf, int64_t i) const {
+    mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
+  }
+  // Both copies of tile t into buffer `buf`.
+  __device__ __forceinline__ void start(const Tile& t, int buf) const {
+    if (threadIdx.x == 0) start_halo(t, buf);
+    start_b(t, buf);
+  }
   // B of local tile i has landed (this thread's pieces, on the cp.async path).
   __device__ __forceinline__ void wait_b(int64_t i) const {
     if (go_by_tma) {
@@ -252,6 +282,37 @@ struct Operands {
   }
 };
 
+__device__ __forceinline__ void init_barriers(uint64_t (&halo_full)[2], uint64_t (&b_full)[2]) {
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&halo_full[b], 1);
+      mbarrier_init(&b_full[b], 1);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+}
+
+// The prologue: the first two K tiles' copies, the first one's B converted.
+// `cur` by value: by reference, it changed one kernel's register allocation.
+template <bool kTf32x3>
+__device__ __forceinline__ void prologue(const Operands<kTf32x3>& ops, const TileWalk& walk,
+                                         Cursor cur, const BlockWork& w) {
+  const int rows = ops.rows;
+  const bool two = w.kt_begin + 1 < w.kt_end;
+  if (threadIdx.x == 0) {
+    ops.start_halo(walk.tile(cur, rows), 0);
+    if (two) ops.start_halo(walk.tile(walk.next(cur), rows), 1);
+  }
+  ops.start_b(walk.tile(cur, rows), 0);
+  if (two) ops.start_b(walk.tile(walk.next(cur), rows), 1);
+  ops.wait_b(0);
+#pragma unroll 1
+  for (int j = 0; j < 8 * rows; ++j) ops.convert(0, j);
+  fence_proxy_async_smem();  // wgmma reads what the threads stored
+  __syncthreads();
+}
+
 // One K tile of the main loop from B buffer `s`: the rows inside the
 // output, 8 k8 steps each, with the next tile's B (buffer s ^ 1) converted
 // in each row's steps 4..7 (has_next: there is one; its copy is waited for
@@ -265,7 +326,7 @@ struct Operands {
 // even, so that a row's last group has A set 1 while the next row's first
 // step writes set 0, as in a whole tile. 3xTF32 only: the TF32 kernels'
 // registers grew with the variants (the four-tile one spilled), and their
-// targets have the margin.
+// targets have the margin (docs/kernels.md, "wgrad on wgmma").
 template <int MT, bool kTf32x3, bool kMask, int kSteps>
 __device__ __forceinline__ void mainloop_tile(const Operands<kTf32x3>& ops, const int (&off)[MT][2],
                                               float (&acc)[MT][8][4],
@@ -356,6 +417,32 @@ __device__ __forceinline__ void mainloop_tile(const Operands<kTf32x3>& ops, cons
     for (int j = 0; j < 8; ++j) ops.convert(s ^ 1, 8 * r + j);
 }
 
+// One K tile in the variant its right edge needs (see mainloop_tile):
+// skipped steps in IEEE mode only, where edge_steps allows them.
+template <int MT, bool kTf32x3>
+__device__ __forceinline__ void k_tile(const Operands<kTf32x3>& ops, const int (&off)[MT][2],
+                                       float (&acc)[MT][8][4],
+                                       float (&tmp)[kTf32x3 ? MT : 1][8][4],
+                                       uint32_t b_small_bytes, const float* hb, int s, int64_t i,
+                                       bool has_next, int valid_rows, int cols, int tq,
+                                       bool edge_steps) {
+  auto tile = [&](auto mask, auto steps) {
+    mainloop_tile<MT, kTf32x3, decltype(mask)::value, decltype(steps)::value>(
+        ops, off, acc, tmp, b_small_bytes, hb, s, i, has_next, valid_rows, cols, tq);
+  };
+  if (cols >= cfg::kCols) {
+    tile(std::false_type{}, Steps<8>{});
+  } else if (!kTf32x3 || !edge_steps || cols > 48) {
+    tile(std::true_type{}, Steps<8>{});
+  } else if (cols > 32) {
+    tile(std::true_type{}, Steps<6>{});
+  } else if (cols > 16) {
+    tile(std::true_type{}, Steps<4>{});
+  } else {
+    tile(std::true_type{}, Steps<2>{});
+  }
+}
+
 // The epilogue: accumulator (t, f, e) is row gq (+8 for e >= 2) of the
 // warp's 16 in tile t, i.e. channel gq of unit 2*warp (+1) at its tap;
 // column 8f + 2tq (+1 for odd e), output channel co0 + that. Into this
@@ -394,9 +481,9 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
                       bool edge_steps) {
   extern __shared__ __align__(128) float smem_base[];
   __shared__ uint64_t halo_full[2], b_full[2];
-  const int Ho = p.out_h, Wo = p.out_w, KW = p.kernel_w;
+  const int Ho = p.out_h, Wo = p.out_w;
   const int taps = p.kernel_h * p.kernel_w;
-  const int dh = p.dilation_h, dw = p.dilation_w;
+  const int dh = p.dilation_h;
   const int cin_g = p.in_channels_per_group(), cout_g = p.out_channels_per_group();
   const int rows = L.rows, bc = L.halo_cols;
 
@@ -415,35 +502,15 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane >> 2, tq = lane & 3;
 
-  // Halo offset of this lane's A rows: channel gq of each of its two units
-  // (per tile), at the unit's tap, plus its position tq. Units past the
-  // last read the block's first (and are not stored).
   int off[MT][2];
-#pragma unroll
-  for (int t = 0; t < MT; ++t)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      int cg, tap;
-      if (!unit_at(L, w, taps, cfg::kUnitsPerTile * t + 2 * warp + h, cg, tap)) {
-        unit_at(L, w, taps, 0, cg, tap);
-      }
-      const int kh = tap / KW, kw = tap - kh * KW;
-      off[t][h] = ((cg - group_base) * 8 + gq) * L.plane + kh * bc + kw * dw + tq;
-    }
+  a_offsets<MT>(p, L, w, taps, group_base, warp, gq, tq, off);
 
   const TileWalk walk{L, dh, L.tiles_h / dh};
   const Operands<kTf32x3> ops{x_map, go_map, p,         L,    go,    smem, halo0, halo_full,
                               b_full, go_by_tma, w.g,   w.co0, cin_g, cout_g, group_base,
                               rows,  bc,       dh,       Ho,   Wo};
 
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) {
-      mbarrier_init(&halo_full[b], 1);
-      mbarrier_init(&b_full[b], 1);
-    }
-    fence_mbarrier_init();
-  }
-  __syncthreads();
+  init_barriers(halo_full, b_full);
 
   float acc[MT][8][4];
   zero_fragments(acc);
@@ -451,22 +518,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   (void)tmp;
   const uint32_t b_small_bytes = 4 * static_cast<uint32_t>(L.b_floats);
 
-  // Prologue: the first two K tiles' copies, the first one's B converted.
   Cursor cur = walk.at(w.kt_begin);
-  if (w.kt_begin < w.kt_end) {
-    const bool two = w.kt_begin + 1 < w.kt_end;
-    if (threadIdx.x == 0) {
-      ops.start_halo(walk.tile(cur, rows), 0);
-      if (two) ops.start_halo(walk.tile(walk.next(cur), rows), 1);
-    }
-    ops.start_b(walk.tile(cur, rows), 0);
-    if (two) ops.start_b(walk.tile(walk.next(cur), rows), 1);
-    ops.wait_b(0);
-#pragma unroll 1
-    for (int j = 0; j < 8 * rows; ++j) ops.convert(0, j);
-    fence_proxy_async_smem();  // wgmma reads what the threads stored
-    __syncthreads();
-  }
+  if (w.kt_begin < w.kt_end) prologue(ops, walk, cur, w);
   for (int64_t kt = w.kt_begin; kt < w.kt_end; ++kt) {
     const int64_t i = kt - w.kt_begin;
     const int buf = static_cast<int>(i & 1);
@@ -477,29 +530,12 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     if (t.oh0 + dh * (rows - 1) >= Ho) valid_rows = (Ho - t.oh0 + dh - 1) / dh;
     const int cols = Wo - t.ow0;
     const bool has_next = kt + 1 < w.kt_end;
-    mbarrier_wait(&halo_full[buf], static_cast<uint32_t>((i >> 1) & 1));
-    auto tile = [&](auto mask, auto steps) {
-      mainloop_tile<MT, kTf32x3, decltype(mask)::value, decltype(steps)::value>(
-          ops, off, acc, tmp, b_small_bytes, hb, buf, i, has_next, valid_rows, cols, tq);
-    };
-    if (cols >= cfg::kCols) {
-      tile(std::false_type{}, Steps<8>{});
-    } else if (!kTf32x3 || !edge_steps || cols > 48) {
-      tile(std::true_type{}, Steps<8>{});
-    } else if (cols > 32) {
-      tile(std::true_type{}, Steps<6>{});
-    } else if (cols > 16) {
-      tile(std::true_type{}, Steps<4>{});
-    } else {
-      tile(std::true_type{}, Steps<2>{});
-    }
+    ops.wait_halo(buf, i);
+    k_tile<MT, kTf32x3>(ops, off, acc, tmp, b_small_bytes, hb, buf, i, has_next, valid_rows, cols,
+                        tq, edge_steps);
     fence_proxy_async_smem();  // the next tile's B, stored by the threads
     __syncthreads();  // every lane is done with this halo and B buffer
-    if (kt + 2 < w.kt_end) {
-      const Tile t2 = walk.tile(walk.next(walk.next(cur)), rows);
-      if (threadIdx.x == 0) ops.start_halo(t2, buf);
-      ops.start_b(t2, buf);
-    }
+    if (kt + 2 < w.kt_end) ops.start(walk.tile(walk.next(walk.next(cur)), rows), buf);
     cur = walk.next(cur);
   }
 
