@@ -1,8 +1,9 @@
 // The few-channel wgrad's 3xTF32 stage on Hopper (IEEE mode, sm_90a code
 // only), for the kernel in few_channels/wgrad_tc.cu: that kernel stages
 // grad_output and the input halo, and splits them, for this stage and for
-// the mma.sync one of other GPUs (and of TF32 mode, faster there: see the
-// kernel).
+// the mma.sync one of other GPUs (and of TF32 mode, which stays on
+// mma.sync: see the kernel). run_stage_sm90 picks the stage's compile-time
+// form (tile count, masking).
 //
 // The GEMM turned around, as in the sm_90 wgrad (sm90/wgrad.cu): M = the
 // group's (input channel, tap) rows in m64 tiles, N = the block's 64 output
@@ -11,7 +12,7 @@
 // the halo into registers (no 16-byte layout serves the gather); B,
 // grad_output, is the stage's tile as it lies: two halves of 32 pixels in
 // the 128-byte swizzle, which wgmma reads K-major. mma.sync issues TF32 at
-// half of wgmma's rate on Hopper, which left the 3xTF32 wgrad bound by its
+// half of wgmma's rate on Hopper, which bounds a 3xTF32 wgrad on it by its
 // tensor work and the waits of its dependent chains.
 //
 // A block holds up to three m64 tiles (the stem's 147 rows in one block),
@@ -30,6 +31,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../kernel_sizes.cuh"
 #include "../mma.cuh"
 #include "config.h"
 
@@ -41,8 +43,9 @@ namespace fc = conv2d_ext::few_channels;
 
 constexpr int kCo = fc::kWgradTcCo;
 constexpr int kMaxTiles = 3;       // m64 tiles of (channel, tap) rows per block
-// Four steps (twelve products) per temporary, as in the sm_90 wgrad: two
-// were slower for the same errors, both below cuDNN's.
+// Four steps (twelve products) per temporary, as in the sm_90 wgrad: half
+// the flushes and full waits of two, with errors still below cuDNN's
+// (docs/kernels.md, "Few channels on tensor cores").
 constexpr int kStepsPerTemp = 4;
 static_assert(8 % kStepsPerTemp == 0 && 4 % kStepsPerTemp == 0, "whole temporaries a stage");
 static_assert(kMaxTiles * 64 == fc::kWgradTcWarpN * 8 * (fc::kThreads / 32),
@@ -84,9 +87,8 @@ __device__ __forceinline__ void wgrad_stage_sm90(float (&acc)[2][8][4], float (&
 
   // A register sets: one per step where a warpgroup takes a single tile's
   // four or eight steps (all its loads go out before the first wgmma waits
-  // on them: the LDS latency in front of each step was a tenth of the RGB
-  // wgrad's stall samples); else two, a step's rewritten two steps later,
-  // once its group has retired.
+  // on them, so later steps find theirs landed); else two, a step's
+  // rewritten two steps later, once its group has retired.
   constexpr int kDepth = kSets == 1 ? kSteps : 2;
   uint32_t a_big[kDepth][kSets][4], a_small[kDepth][kSets][4];
   auto step_of = [&](int kk) { return (kk + 4 * wg) & 7; };  // own half first
@@ -147,6 +149,27 @@ __device__ __forceinline__ void wgrad_stage_sm90(float (&acc)[2][8][4], float (&
   wgmma_wait<0>();
 #pragma unroll
   for (int s = 0; s < kSets; ++s) wgmma_fence_operands(acc[s]);
+}
+
+// The stage at the block's tile count `tiles` (1-3), masked where it has
+// fewer than 64 valid pixels.
+__device__ __forceinline__ void run_stage_sm90(int tiles, float (&acc)[2][8][4],
+                                               float (&tmp)[2][8][4], const uint32_t (&aoff)[2][2],
+                                               uint32_t xbase, uint32_t go, uint32_t small_bytes,
+                                               int sw, int cols) {
+  auto run = [&](auto tiles_c) {
+    constexpr int kTiles = decltype(tiles_c)::value;
+    if (cols == fc::kTileCols) {
+      wgrad_stage_sm90<kTiles, false>(acc, tmp, aoff, xbase, go, small_bytes, sw, cols);
+    } else {
+      wgrad_stage_sm90<kTiles, true>(acc, tmp, aoff, xbase, go, small_bytes, sw, cols);
+    }
+  };
+  switch (tiles) {
+    case 1: run(Int<1>{}); break;
+    case 2: run(Int<2>{}); break;
+    default: run(Int<3>{}); break;
+  }
 }
 
 }  // namespace wgrad_tc
