@@ -37,6 +37,13 @@ TORCH_LIBRARY(conv2d_ext, m) {
   m.def(
       "_algorithm(str pass_, Tensor input, Tensor weight, int[2] stride, "
       "int[2] padding, int[2] dilation, int groups) -> str");
+  // Which kernel variant a pass of these forward arguments would run on a
+  // GPU of compute capability `sm` (90: H100): the algorithm, then its
+  // family's choices (conv2d_ext::kernel_variant). Runs without a GPU.
+  m.def(
+      "_kernel(str pass_, Tensor input, Tensor weight, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, int sm) -> str",
+      &conv2d_ext::kernel_variant);
   // Row shifts of the flat sm_90 layout a pass would use (see
   // conv2d_ext::flat_row_shifts), for tests to check that they cover both.
   m.def(

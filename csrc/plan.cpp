@@ -1,12 +1,14 @@
 #include "plan.h"
 
 #include "cuda/few_channels/config.h"
+#include "cuda/kernel_sizes.cuh"
 #include "cuda/implicit_gemm/config.h"
 #include "cuda/sm90/config.h"
 
 #include <ATen/Context.h>
 
 #include <optional>
+#include <sstream>
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
 #else
@@ -149,24 +151,23 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   return plan;
 }
 
+namespace {
+Pass to_pass(const std::string& pass) {
+  if (pass == "forward") return Pass::kFprop;
+  if (pass == "backward_input") return Pass::kDgrad;
+  TORCH_CHECK(pass == "backward_weight", "conv2d_ext: unknown pass '", pass,
+              "' (expected forward, backward_input or backward_weight)");
+  return Pass::kWgrad;
+}
+}  // namespace
+
 std::string algorithm(const std::string& pass, const at::Tensor& input,
                       const at::Tensor& weight, c10::IntArrayRef stride,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
                       int sm) {
   const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
                                          padding, dilation, groups);
-  Pass which;
-  if (pass == "forward") {
-    which = Pass::kFprop;
-  } else if (pass == "backward_input") {
-    which = Pass::kDgrad;
-  } else if (pass == "backward_weight") {
-    which = Pass::kWgrad;
-  } else {
-    TORCH_CHECK(false, "conv2d_ext: unknown pass '", pass,
-                "' (expected forward, backward_input or backward_weight)");
-  }
-  return to_string(choose_plan(p, which, input.scalar_type(), sm).algo);
+  return to_string(choose_plan(p, to_pass(pass), input.scalar_type(), sm).algo);
 }
 
 namespace {
@@ -208,6 +209,99 @@ std::vector<int64_t> flat_tf32x3_rounds(const std::string& pass, const at::Tenso
   const auto l = flat_layout(pass, input, weight, stride, padding, dilation, groups);
   if (!l || l->smem_bytes == INT64_MAX) return {0, 0};
   return {igemm_fprop_sm90_flat::tf32x3_full_rounds(*l), igemm_fprop_sm90_flat::tf32x3_tail_pixels(*l)};
+}
+
+namespace {
+// The variant the few-channel launchers choose (their choose_* functions),
+// for kernel_variant. Rows count as 16-byte aligned (can_vectorise) when
+// their width is a multiple of 4, as for tensors from the allocator.
+void few_channels_variant(std::ostringstream& out, const ConvParams& p, Pass pass, Algo algo,
+                          MathMode math, int sm) {
+  namespace fc = few_channels;
+  const bool tf32x3 = math == MathMode::kIEEE;
+  if (algo == Algo::kFewChannelsTensorCore) {
+    out << " math=" << (tf32x3 ? "tf32x3" : "tf32");
+    if (pass == Pass::kWgrad) {
+      out << " sm90=" << fc::choose_wgrad_tc_variant(tf32x3, few_channels_wgrad_sm90(sm)).sm90;
+    } else if (pass == Pass::kFprop) {
+      out << " sm90=" << hopper_kernels(sm);
+    }
+    return;
+  }
+  const bool dgrad_fprop = pass == Pass::kDgrad && fc::dgrad_runs_as_fprop(p);
+  const ConvParams f = dgrad_fprop ? dgrad_as_fprop(p) : p;
+  const bool compiled = cuda::few_channels_kernel_size(f.kernel_h, f.kernel_w);
+  out << " size=" << (compiled ? "specialised" : "generic");
+  if (pass == Pass::kFprop || dgrad_fprop) {
+    const fc::FpropVariant v = fc::choose_fprop_variant(f, f.in_w % 4 == 0, compiled);
+    if (dgrad_fprop) out << " as=forward";
+    out << " tile=" << (!v.narrow ? "wide" : v.tall ? "tall" : "narrow") << " pairs=" << v.pairs
+        << " odd_lead=" << v.odd_lead;
+  } else if (pass == Pass::kDgrad) {
+    const fc::DgradVariant v = fc::choose_dgrad_variant(p, compiled);
+    out << " pitch=" << (v.fixed_pitch ? "fixed" : "generic") << " pairs=" << v.pairs
+        << " tile=" << (v.wide ? "wide" : "narrow");
+  } else {
+    out << " tile=" << (fc::choose_wgrad_variant(p).narrow ? "narrow" : "wide");
+  }
+}
+
+// The layout the tensor-core implicit-GEMM launchers choose.
+void implicit_gemm_variant(std::ostringstream& out, const ConvParams& p, Pass pass, Algo algo,
+                           MathMode math, int sm) {
+  const bool tf32x3 = math == MathMode::kIEEE;
+  out << " math=" << (tf32x3 ? "tf32x3" : "tf32");
+  const ConvParams f = pass == Pass::kDgrad ? dgrad_as_fprop(p) : p;
+  if (algo == Algo::kImplicitGemmSm90Flat) {
+    namespace cfg = igemm_fprop_sm90_flat;
+    const cfg::Layout l = cfg::choose_layout(f, tf32x3);
+    const cfg::Variant v = cfg::choose_variant(f, l, tf32x3);
+    out << " pitch=" << (1 << l.log2_pitch) << " shifts=" << l.shifts
+        << " segments=" << cfg::segments(l) << " group=" << v.group
+        << " round_big=" << v.round_big;
+  } else if (pass == Pass::kWgrad && algo == Algo::kImplicitGemmSm90) {
+    const igemm_wgrad_sm90::Layout l = igemm_wgrad_sm90::choose_layout(p, tf32x3);
+    out << " tiles=" << l.tiles << " blocks_per_sm=" << l.blocks_per_sm;
+  } else if (pass == Pass::kWgrad) {
+    const igemm_wgrad::Layout l = igemm_wgrad::choose_layout(p, tf32x3, sm);
+    out << " taps=" << l.taps << " ci_groups=" << l.ci_groups;
+  } else {
+    const bool sm90 = algo == Algo::kImplicitGemmSm90;
+    const igemm_fprop::Layout l = igemm_fprop::choose_layout(
+        f, igemm_fprop::weight_floats_per_tap(sm90, sm90 && tf32x3));
+    out << " rows_per_stage=" << l.rows_per_stage;
+  }
+}
+}  // namespace
+
+std::string kernel_variant(const std::string& pass, const at::Tensor& input,
+                           const at::Tensor& weight, c10::IntArrayRef stride,
+                           c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                           int64_t sm) {
+  const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride, padding, dilation,
+                                         groups);
+  const Pass which = to_pass(pass);
+  const int s = static_cast<int>(sm);
+  const Plan plan = choose_plan(p, which, input.scalar_type(), s);
+  std::ostringstream out;
+  out << to_string(plan.algo);
+  switch (plan.algo) {
+    case Algo::kFewChannels:
+    case Algo::kFewChannelsTensorCore:
+      few_channels_variant(out, p, which, plan.algo, plan.math, s);
+      break;
+    case Algo::kImplicitGemm:
+    case Algo::kImplicitGemmSm90:
+    case Algo::kImplicitGemmSm90Flat:
+      implicit_gemm_variant(out, p, which, plan.algo, plan.math, s);
+      break;
+    case Algo::kDgradPhases:
+      out << " phases=" << p.stride_h * p.stride_w;
+      break;
+    case Algo::kDirect:
+      break;
+  }
+  return out.str();
 }
 
 bool built_with_sm90a() {

@@ -73,6 +73,16 @@ std::string algorithm(const std::string& pass, const at::Tensor& input,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
                       int sm);
 
+// The kernel variant `pass` would run on a GPU of compute capability `sm`
+// with this binary and the current options and precision flag: the
+// algorithm, then the family's choices as key=value words (the layouts'
+// and choose_* functions' answers), e.g. "few_channels size=specialised
+// pitch=fixed pairs=1 tile=wide". Backs the _kernel op.
+std::string kernel_variant(const std::string& pass, const at::Tensor& input,
+                           const at::Tensor& weight, c10::IntArrayRef stride,
+                           c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                           int64_t sm);
+
 // Tests only: the row shifts (1 or 2) of the flat sm_90 layout for `pass`
 // in the current precision mode, 0 where the layout fits nothing (or the
 // pass never runs the forward kernels); whether the plan picks that kernel

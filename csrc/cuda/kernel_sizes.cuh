@@ -48,6 +48,15 @@ void dispatch_kernel_size(int64_t kernel_h, int64_t kernel_w,
   fn(Int<0>{}, Int<0>{});
 }
 
+// Whether (kernel_h, kernel_w) is on the few-channel list.
+inline bool few_channels_kernel_size(int64_t kernel_h, int64_t kernel_w) {
+#define CONV2D_EXT_IS_SIZE(H, W) \
+  if (kernel_h == (H) && kernel_w == (W)) return true;
+  CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE(CONV2D_EXT_IS_SIZE)
+#undef CONV2D_EXT_IS_SIZE
+  return false;
+}
+
 // The same over the few-channel list (float32 only).
 template <typename Fn>
 void dispatch_few_channels_kernel_size(int64_t kernel_h, int64_t kernel_w, Fn&& fn) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "../../conv_params.h"
+#include "../../options.h"
 #include "../limits.h"
 
 namespace conv2d_ext {
@@ -447,6 +448,131 @@ inline bool dgrad_tc_fits(const ConvParams& p) {
 // fits it (depthwise: the forward's register window), else on the gather.
 inline bool dgrad_runs_as_fprop(const ConvParams& p) {
   return dgrad_is_fprop(p) && fprop_fits(dgrad_as_fprop(p));
+}
+
+// ---- Which kernel runs -----------------------------------------------------
+// One choice per pass: the launchers take it, and the plan reports it
+// (conv2d_ext::kernel_variant, the _kernel op). `compiled_size`: the kernel
+// size is on CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE; `vec`: rows are
+// 16-byte aligned (can_vectorise).
+
+// The forward's tile: wide (64 output channels), narrow (at most 4), or
+// tall narrow; for tall tiles, column pairs and the staged columns' lead
+// parity.
+struct FpropVariant {
+  bool narrow;    // at most 4 output channels per group (fprop_narrow)
+  bool tall;      // narrow, kTallRows rows a thread (fprop_tall)
+  bool pairs;     // tall, two columns a thread
+  bool odd_lead;  // pairs: the staged columns start one before the tile's
+};
+
+// Column pairs on tall tiles where the register window runs (unit stride
+// and dilation, a compiled kernel size). 16-byte copies and the tensor
+// copy (whose boxes start 16-byte aligned) stage from the 4-aligned column
+// at or before the tile's first (HaloCols): an odd lead where the left
+// padding is odd.
+inline FpropVariant choose_fprop_variant(const ConvParams& p, bool vec, bool compiled_size) {
+  FpropVariant v{};
+  v.narrow = fprop_narrow(p);
+  v.tall = v.narrow && fprop_tall(p);
+  v.pairs = v.tall && compiled_size && p.stride_h == 1 && p.stride_w == 1 &&
+            p.dilation_h == 1 && p.dilation_w == 1;
+  v.odd_lead = v.pairs && vec && p.pad_w % 2 != 0;
+  return v;
+}
+
+// The taps of one kernel dimension that reach dgrad's stride phase `ph`:
+// tap k reaches it when (ph + pad - k * dil) % stride == 0. Returns the
+// first such tap (or kernel when none), the step between them and the
+// offset of the first.
+struct PhaseTaps {
+  int first, step, count;
+  int off_first;  // grad_output offset of tap `first`; later taps are lower
+  int off_step;   // offset decrease per step
+};
+
+C10_HOST_DEVICE inline PhaseTaps phase_taps(int ph, int pad, int kernel, int stride, int dil) {
+  PhaseTaps t{kernel, 1, 0, 0, 0};
+  for (int k = 0; k < kernel && k < stride; ++k) {
+    const int num = ph + pad - k * dil;
+    if (((num % stride) + stride) % stride == 0) {
+      t.first = k;
+      break;
+    }
+  }
+  if (t.first == kernel) return t;
+  // Taps that reach a phase repeat every stride / gcd(stride, dil).
+  int a = stride, b = dil;
+  while (b != 0) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  t.step = stride / a;
+  t.count = (kernel - 1 - t.first) / t.step + 1;
+  t.off_first = (ph + pad - t.first * dil) / stride;  // exact
+  t.off_step = t.step * dil / stride;                 // exact
+  return t;
+}
+
+// Whether a dgrad phase of count_h x count_w taps takes two columns a
+// thread (accumulate_pairs): a compiled kernel size (`kernel_h` > 0) and
+// at least 2 input channels, with the taps' weights and window in registers.
+C10_HOST_DEVICE constexpr bool dgrad_pair_phase(int kernel_h, int ci, int count_h, int count_w) {
+  return kernel_h > 0 && ci >= 2 && count_h > 0 && count_w > 0 &&
+         ci * (count_h * count_w + 16) <= 96;
+}
+
+// The gather dgrad's tiles: the specialised kernel at the fixed pitch, or
+// the generic one (a size not compiled, or a halo wider than kDgradPitch);
+// wide tiles where every phase takes column pairs. Which phases pair is
+// decided per block in the kernel; `pairs` says whether any does.
+struct DgradVariant {
+  bool fixed_pitch;  // the specialised kernel (kDgradPitch)
+  bool pairs;        // some phase takes column pairs
+  bool wide;         // kDgradWideRows x kDgradWideCols tiles (every phase pairs)
+};
+
+// Wide tiles: every phase on the pair path (stride 2, unit dilation), phases
+// of 65 to 112 columns, whose 64-column tiles would leave warps idle, and
+// the wide halo within the pitch and two stages within the bound.
+inline DgradVariant choose_dgrad_variant(const ConvParams& p, bool compiled_size) {
+  DgradVariant v{};
+  v.fixed_pitch = compiled_size && dgrad_halo(p).pitch == kDgradPitch;
+  if (!v.fixed_pitch || !option(Option::kFewChannelsDgradPairs) || p.stride_h != 2 ||
+      p.stride_w != 2 || p.dilation_h != 1 || p.dilation_w != 1)
+    return v;
+  const int kh = static_cast<int>(p.kernel_h), kw = static_cast<int>(p.kernel_w);
+  const int ci = static_cast<int>(p.in_channels_per_group());
+  int paired = 0;
+  for (int ph = 0; ph < 2; ++ph)
+    for (int pw = 0; pw < 2; ++pw) {
+      const PhaseTaps th = phase_taps(ph, static_cast<int>(p.pad_h), kh, 2, 1);
+      const PhaseTaps tw = phase_taps(pw, static_cast<int>(p.pad_w), kw, 2, 1);
+      paired += dgrad_pair_phase(kh, ci, th.count, tw.count);
+    }
+  v.pairs = paired > 0;
+  const int64_t cols = (p.in_w + 1) / 2;
+  if (paired < 4 || !option(Option::kFewChannelsDgradWide) || cols <= kTileCols ||
+      cols > kDgradWideCols)
+    return v;
+  const Halo h = dgrad_wide_halo(p);
+  v.wide = h.pitch == kDgradWidePitch && dgrad_stages(p, h) == 2;
+  return v;
+}
+
+// wgrad on FFMA: narrow tiles (at most kNarrowMaxCo output channels per
+// group) or wide ones; on tensor cores, TF32 or 3xTF32, the latter's
+// stage on wgmma where `sm90` (few_channels_wgrad_sm90).
+struct WgradVariant {
+  bool narrow;
+};
+inline WgradVariant choose_wgrad_variant(const ConvParams& p) { return {narrow(p)}; }
+struct WgradTcVariant {
+  bool tf32x3, sm90;
+};
+inline WgradTcVariant choose_wgrad_tc_variant(bool tf32x3, bool sm90) {
+  return {tf32x3, tf32x3 && sm90};
 }
 
 }  // namespace few_channels

@@ -48,39 +48,8 @@ constexpr int kRows = fc::kNarrowRows;
 constexpr int kTileRows = kRows * fc::kSlots;
 constexpr int kChunk = fc::kDgradCoChunk;
 
-// The taps of one kernel dimension that reach phase `ph`: tap k reaches it
-// when (ph + pad - k * dil) % stride == 0. Returns the first such tap (or
-// kernel when none), the step between them and the offset of the first.
-struct PhaseTaps {
-  int first, step, count;
-  int off_first;  // grad_output offset of tap `first`; later taps are lower
-  int off_step;   // offset decrease per step
-};
-
-__host__ __device__ __forceinline__ PhaseTaps phase_taps(int ph, int pad, int kernel, int stride,
-                                                int dil) {
-  PhaseTaps t{kernel, 1, 0, 0, 0};
-  for (int k = 0; k < kernel && k < stride; ++k) {
-    const int num = ph + pad - k * dil;
-    if (((num % stride) + stride) % stride == 0) {
-      t.first = k;
-      break;
-    }
-  }
-  if (t.first == kernel) return t;
-  // Taps that reach a phase repeat every stride / gcd(stride, dil).
-  int a = stride, b = dil;
-  while (b != 0) {
-    const int r = a % b;
-    a = b;
-    b = r;
-  }
-  t.step = stride / a;
-  t.count = (kernel - 1 - t.first) / t.step + 1;
-  t.off_first = (ph + pad - t.first * dil) / stride;  // exact
-  t.off_step = t.step * dil / stride;                 // exact
-  return t;
-}
+using fc::PhaseTaps;
+using fc::phase_taps;
 
 // One kernel column of one grad_output channel, for phases whose taps along
 // the height read consecutive grad_output rows (unit dilation at any
@@ -166,8 +135,7 @@ __device__ __forceinline__ void accumulate_pairs(const float* s, const float* w,
 // (one input channel) were not shown to gain.
 template <int KH, int kCi>
 __host__ __device__ constexpr bool pair_variant(int count_h, int count_w) {
-  return KH > 0 && kCi >= 2 && count_h > 0 && count_w > 0 &&
-         kCi * (count_h * count_w + 16) <= 96;
+  return fc::dgrad_pair_phase(KH, kCi, count_h, count_w);
 }
 
 // fn(Int<count_h>{}, Int<count_w>{}, Int<odd>{}) for the phases the pair
@@ -279,7 +247,7 @@ struct BlockOrder {
   uint16_t tile_phase[kMaxOrdered];  // rank -> (phase, tile) as the grid numbers them
 };
 
-// kWide: the 16 x 112 tiles of wide_tiles(), pair path only, at their own
+// kWide: the 16 x 112 tiles of choose_dgrad_variant(), pair path only, at their own
 // pitch (a separate instantiation: as a run-time branch of one kernel the
 // two pitches' pair variants made ptxas spill in the chunk loop, and both
 // tilings ran much slower).
@@ -584,42 +552,19 @@ BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_w, int6
   return order;
 }
 
-// Whether the launch takes wide tiles: every phase on the pair path
-// (stride 2, unit dilation, the phases' tap counts compiled), phases of 65
-// to 112 columns, whose 64-column tiles would leave warps idle, and the
-// wide halo within the pitch and two stages within the shared-memory bound.
-template <int KH, int KW, int kCi>
-bool wide_tiles(const ConvParams& p) {
-  if constexpr (KH > 0) {
-    if (!option(Option::kFewChannelsDgradPairs) || !option(Option::kFewChannelsDgradWide) || p.stride_h != 2 ||
-        p.stride_w != 2 || p.dilation_h != 1 || p.dilation_w != 1)
-      return false;
-    const int64_t cols = ceil_div(p.in_w, 2);
-    if (cols <= fc::kTileCols || cols > fc::kDgradWideCols) return false;
-    for (int ph = 0; ph < 2; ++ph)
-      for (int pw = 0; pw < 2; ++pw) {
-        const PhaseTaps th = phase_taps(ph, static_cast<int>(p.pad_h), KH, 2, 1);
-        const PhaseTaps tw = phase_taps(pw, static_cast<int>(p.pad_w), KW, 2, 1);
-        if (!pair_variant<KH, kCi>(th.count, tw.count)) return false;
-      }
-    const fc::Halo h = fc::dgrad_wide_halo(p);
-    return h.pitch == fc::kDgradWidePitch && fc::dgrad_stages(p, h) == 2;
-  } else {
-    return false;
-  }
-}
-
 template <int KH, int KW, int kCi>
 void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
             bool vec) {
+  const fc::DgradVariant v = fc::choose_dgrad_variant(p, KH > 0);
   if constexpr (KH > 0) {
     // Strides and dilations whose halo is wider than the fixed pitch.
-    if (fc::dgrad_halo(p).pitch != fc::kDgradPitch) {
+    if (!v.fixed_pitch) {
       return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
     }
   }
-  // One tile geometry, its halo and stages (wide_tiles checked two fit).
-  const bool wide = wide_tiles<KH, KW, kCi>(p);
+  // One tile geometry, its halo and stages (choose_dgrad_variant checked
+  // that two fit wide tiles).
+  const bool wide = v.wide;
   const fc::Halo h = wide ? fc::dgrad_wide_halo(p) : fc::dgrad_halo(p);
   const int64_t tile_rows = wide ? fc::kDgradWideRows : kTileRows;
   const int64_t tile_cols = wide ? fc::kDgradWideCols : fc::kTileCols;

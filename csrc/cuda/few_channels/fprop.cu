@@ -511,31 +511,6 @@ __global__ void __launch_bounds__(fc::kThreads / kCols, kCols == 2 ? 4 : kCo == 
   }
 }
 
-// A forward kernel variant: the tile (wide, narrow or tall narrow rows per
-// thread), columns per thread and, for column pairs, the staged columns'
-// lead parity.
-struct FpropVariant {
-  bool narrow;    // at most 4 output channels per group (fc::fprop_narrow)
-  bool tall;      // narrow, fc::kTallRows rows a thread (fc::fprop_tall)
-  bool pairs;     // tall, two columns a thread
-  bool odd_lead;  // pairs: the staged columns start one before the tile's
-};
-
-// Column pairs on tall tiles where the register window runs (unit stride
-// and dilation, a compiled kernel size). 16-byte copies and the tensor
-// copy (whose boxes start 16-byte aligned) stage from the 4-aligned column
-// at or before the tile's first (HaloCols): an odd lead where the left
-// padding is odd.
-FpropVariant choose_variant(const ConvParams& p, bool vec, bool compiled_size) {
-  FpropVariant v{};
-  v.narrow = fc::fprop_narrow(p);
-  v.tall = v.narrow && fc::fprop_tall(p);
-  v.pairs = v.tall && compiled_size && p.stride_h == 1 && p.stride_w == 1 &&
-            p.dilation_h == 1 && p.dilation_w == 1;
-  v.odd_lead = v.pairs && vec && p.pad_w % 2 != 0;
-  return v;
-}
-
 // Blocks of a forward launch. One wave of resident blocks (per_sm on each
 // SM) for wide tiles, whose 64 channels' weights are worth staging as few
 // times as possible (staged per tile and image, they took much of the RGB
@@ -625,7 +600,7 @@ void launch_fprop_few_channels(const ConvParams& p, const at::Tensor& x, const a
                     y.data_ptr<float>(), order, vec, tma};
   dispatch_few_channels_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {
     constexpr int KH = decltype(kh)::value, KW = decltype(kw)::value;
-    const FpropVariant v = choose_variant(p, vec, KH > 0);
+    const fc::FpropVariant v = fc::choose_fprop_variant(p, vec, KH > 0);
     if (!v.narrow) {
       launch<KH, KW, fc::kWideCo, fc::kWideRows, fc::kSlots>(a);
       return;

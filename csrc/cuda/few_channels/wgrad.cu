@@ -519,7 +519,7 @@ void launch_wgrad_few_channels(const ConvParams& p, const at::Tensor& grad_out,
   const float* go = grad_out.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   Split sp;
-  if (!fc::narrow(p)) {
+  if (!fc::choose_wgrad_variant(p).narrow) {
     sp = launch_wide(p, go, xp, grad_w, vec);
   } else {
     dispatch_few_channels_kernel_size(p.kernel_h, p.kernel_w, [&](auto kh, auto kw) {

@@ -544,7 +544,8 @@ void launch_wgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_ou
   const int64_t stages = p.batch * p.out_h * ceil_div(p.out_w, fc::kTileCols);
   TORCH_CHECK(blocks_x < (int64_t(1) << 31) && stages < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the few-channel wgrad");
-  const bool sm90 = tf32x3 && few_channels_wgrad_sm90(current_sm());
+  const fc::WgradTcVariant v =
+      fc::choose_wgrad_tc_variant(tf32x3, few_channels_wgrad_sm90(current_sm()));
   const few_channels::Split sp = few_channels::split_stages(
       blocks_x, stages, tf32x3 ? 1 : 2, grad_w, p.weight_numel());
   const size_t smem = static_cast<size_t>(fc::wgrad_tc_smem_bytes(p, tf32x3));
@@ -559,9 +560,9 @@ void launch_wgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_ou
                             static_cast<uint32_t>(p.in_channels_per_group()), 1);
     go_map = nchw_tensor_map(grad_out, 32, 1, fc::kWgradTcCo, 1, /*swizzle_128b=*/true);
   }
-  auto kernel = sm90   ? wgrad_tc_kernel<true, true>
-                : tf32x3 ? wgrad_tc_kernel<true, false>
-                        : wgrad_tc_kernel<false, false>;
+  auto kernel = v.sm90     ? wgrad_tc_kernel<true, true>
+                : v.tf32x3 ? wgrad_tc_kernel<true, false>
+                           : wgrad_tc_kernel<false, false>;
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(blocks_x, sp.slices), kBlock, smem, at::cuda::getCurrentCUDAStream()>>>(
       x_map, go_map, p, grad_out.data_ptr<float>(), x.data_ptr<float>(),

@@ -45,7 +45,7 @@ struct Layout {
 
 constexpr int kMaxTapsPerStage = 16;
 
-inline Layout layout(const ConvParams& p, int weight_floats_per_tap) {
+inline Layout choose_layout(const ConvParams& p, int weight_floats_per_tap) {
   Layout l{};
   l.weight_floats_per_tap = weight_floats_per_tap;
   // In 64 bits first: huge strides or dilations would wrap an int.
@@ -73,7 +73,7 @@ inline Layout layout(const ConvParams& p, int weight_floats_per_tap) {
 // Whether the tile machinery covers this problem (any kernel size whose
 // halo and weight stages fit in shared memory).
 inline bool fits(const ConvParams& p, bool sm90, bool tf32x3) {
-  return layout(p, weight_floats_per_tap(sm90, tf32x3)).smem_bytes <= kMaxSmemBytes;
+  return choose_layout(p, weight_floats_per_tap(sm90, tf32x3)).smem_bytes <= kMaxSmemBytes;
 }
 
 }  // namespace igemm_fprop
@@ -121,7 +121,7 @@ struct Layout {
   int64_t smem_bytes;  // INT64_MAX when the stages do not fit
 };
 
-inline Layout layout(const ConvParams& p, bool tf32x3, int sm) {
+inline Layout choose_layout(const ConvParams& p, bool tf32x3, int sm) {
   Layout l{};
   l.smem_bytes = INT64_MAX;
   const int64_t limit = max_block_smem_bytes(sm);
@@ -162,7 +162,7 @@ inline Layout layout(const ConvParams& p, bool tf32x3, int sm) {
 }
 
 inline bool fits(const ConvParams& p, bool tf32x3, int sm) {
-  return layout(p, tf32x3, sm).smem_bytes != INT64_MAX;
+  return choose_layout(p, tf32x3, sm).smem_bytes != INT64_MAX;
 }
 
 // 3xTF32: the FP32 sums (Layout::sum_floats) are stored to a workspace slot

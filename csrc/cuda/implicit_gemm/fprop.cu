@@ -406,7 +406,7 @@ void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
                                 const at::Tensor& w, const float* bias,
                                 at::Tensor& y, MathMode math, bool sm90, WeightOrder order) {
   const bool tf32x3 = sm90 && math == MathMode::kIEEE;  // weights pre-split
-  const cfg::Layout L = cfg::layout(p, cfg::weight_floats_per_tap(sm90, tf32x3));
+  const cfg::Layout L = cfg::choose_layout(p, cfg::weight_floats_per_tap(sm90, tf32x3));
   auto stream = at::cuda::getCurrentCUDAStream();
 
   const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * p.kernel_h *

@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
 
 void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
                                 const at::Tensor& x, at::Tensor& grad_w, MathMode math) {
-  const cfg::Layout L = cfg::layout(p, math == MathMode::kIEEE, current_sm());
+  const cfg::Layout L = cfg::choose_layout(p, math == MathMode::kIEEE, current_sm());
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "tensor-core wgrad for a problem it does not fit");
   auto kernel = math == MathMode::kTF32 ? wgrad_igemm_kernel<MathMode::kTF32>

@@ -299,7 +299,7 @@ struct Layout {
   int64_t smem_bytes;  // INT64_MAX when nothing fits
 };
 
-inline Layout layout(const ConvParams& p, bool tf32x3) {
+inline Layout choose_layout(const ConvParams& p, bool tf32x3) {
   Layout l{};
   l.smem_bytes = INT64_MAX;
   // The halo and grad_output arrive by TMA: 16-byte rows of the input,
@@ -376,7 +376,7 @@ inline Layout layout(const ConvParams& p, bool tf32x3) {
 }
 
 inline bool fits(const ConvParams& p, bool tf32x3) {
-  return layout(p, tf32x3).smem_bytes != INT64_MAX;
+  return choose_layout(p, tf32x3).smem_bytes != INT64_MAX;
 }
 
 }  // namespace igemm_wgrad_sm90

@@ -596,7 +596,7 @@ void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::
 void launch_wgrad_sm90(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
                        at::Tensor& grad_w, MathMode math) {
   const bool tf32x3 = math == MathMode::kIEEE;
-  const cfg::Layout L = cfg::layout(p, tf32x3);
+  const cfg::Layout L = cfg::choose_layout(p, tf32x3);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "sm_90 wgrad for a problem it does not fit");
   if (tf32x3) {
