@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import conv2d_ext  # noqa: F401  (registers the ops)
-from utils import option
+from utils import option, tf32_mode
 
 ops = torch.ops.conv2d_ext
 PASSES = ["forward", "backward_input", "backward_weight"]
@@ -14,18 +14,14 @@ PASSES = ["forward", "backward_input", "backward_weight"]
 
 @pytest.fixture
 def ieee():
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = before
+    with tf32_mode(False):
+        yield
 
 
 @pytest.fixture
 def tf32():
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = True
-    yield
-    torch.backends.cudnn.allow_tf32 = before
+    with tf32_mode(True):
+        yield
 
 
 def kernel(pass_, x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, sm=80,
