@@ -2,11 +2,23 @@
 C++ (csrc/autograd.cpp), where a call that needs no gradient costs no
 Python.
 
-Outputs are contiguous NCHW on every backend, so the fake kernels return
-contiguous tensors too.
+Outputs have the memory format PyTorch's convolution would give them
+(result_memory_format in csrc/conv_params.cpp), and the fake kernels
+allocate them the same way.
 """
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+try:
+    from torch._prims_common import suggest_memory_format
+except ImportError:  # older torch: the same test of the strides
+    from torch._prims_common import are_strides_like_channels_last
+
+    def suggest_memory_format(x):
+        if x.layout == torch.strided and x.dim() == 4 and are_strides_like_channels_last(
+                x.shape, x.stride()):
+            return torch.channels_last
+        return torch.contiguous_format
 
 from .functional import _pair
 
@@ -28,14 +40,26 @@ def _conv2d_fake(input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilati
     # An input without channels gives an output without any (PyTorch's meta
     # kernel decides it the same way).
     out_c = 0 if guard_or_false(c == 0) else weight.shape[0]
-    return input.new_empty((n, out_c, out_h, out_w))
+    return _empty((n, out_c, out_h, out_w), input, weight)
 
 
 @torch.library.register_fake("conv2d_ext::conv2d_backward_input")
 def _dgrad_fake(grad_output, weight, input_size, stride, padding, dilation, groups):
-    return grad_output.new_empty(input_size)
+    return _empty(input_size, grad_output, weight)
 
 
 @torch.library.register_fake("conv2d_ext::conv2d_backward_weight")
 def _wgrad_fake(grad_output, input, weight_size, stride, padding, dilation, groups):
-    return grad_output.new_empty(weight_size)
+    return _empty(weight_size, grad_output, input)
+
+
+def _empty(size, a, b):
+    """A result as the ops allocate it: in result_memory_format(a, b)
+    (csrc/conv_params.cpp), channels_last when either operand suggests it,
+    but float64 on CUDA."""
+    fmt = torch.contiguous_format
+    if not (a.device.type == "cuda" and a.dtype == torch.float64) and (
+            suggest_memory_format(a) == torch.channels_last
+            or suggest_memory_format(b) == torch.channels_last):
+        fmt = torch.channels_last
+    return torch.empty(size, dtype=a.dtype, device=a.device, memory_format=fmt)

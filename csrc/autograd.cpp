@@ -18,6 +18,8 @@
 #include <optional>
 #include <vector>
 
+#include "conv_params.h"
+
 namespace conv2d_ext {
 namespace {
 
@@ -81,6 +83,26 @@ Geometry geometry(SymIntArrayRef stride, SymIntArrayRef padding, SymIntArrayRef 
   return {stride.vec(), padding.vec(), dilation.vec(), groups};
 }
 
+// A gradient with its parameter's strides: DDP's buckets are views with
+// the parameter's strides and warn (and copy) when a gradient's differ. A
+// copy only where the op's own choice (result_memory_format of the other
+// operands) was another format, or the same one with other strides (one
+// channel, 1 x 1 kernels); none for a parameter that is a view with gaps.
+at::Tensor with_strides_of(const at::Tensor& grad, const at::Tensor& param) {
+  if (!grad.defined() || !param.is_non_overlapping_and_dense() ||
+      grad.sym_strides() == param.sym_strides())
+    return grad;
+  at::Tensor out = at::empty_like(param, grad.options(), at::MemoryFormat::Preserve);
+  out.copy_(grad);
+  return out;
+}
+
+// A gradient in `format`, as PyTorch's convolution gives it.
+at::Tensor in_format(const at::Tensor& grad, at::MemoryFormat format) {
+  if (!grad.defined() || grad.suggest_memory_format() == format) return grad;
+  return grad.contiguous(format);
+}
+
 // backward returns a gradient per forward argument; the geometry's four
 // have none.
 variable_list grads(std::initializer_list<at::Tensor> tensor_grads) {
@@ -105,8 +127,15 @@ struct Conv2dFunction : torch::autograd::Function<Conv2dFunction> {
     const at::Tensor &input = saved[0], &weight = saved[1], &grad = grad_outputs[0];
     const Geometry geo = Geometry::load(ctx);
     at::Tensor grad_input, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0)) grad_input = geo.dgrad(grad, weight, input.sym_sizes());
-    if (ctx->needs_input_grad(1)) grad_weight = geo.wgrad(grad, input, weight.sym_sizes());
+    // grad_input in the forward's format (the dgrad op chooses it from
+    // grad_output, which usually has it); grad_weight with the weight's strides.
+    if (ctx->needs_input_grad(0)) {
+      grad_input = in_format(geo.dgrad(grad, weight, input.sym_sizes()),
+                             result_memory_format(input, weight));
+    }
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = with_strides_of(geo.wgrad(grad, input, weight.sym_sizes()), weight);
+    }
     // The bias is an edge only when it was given.
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
       // An input without channels gives an output without any (as
@@ -137,7 +166,9 @@ struct DgradFunction : torch::autograd::Function<DgradFunction> {
     const Geometry geo = Geometry::load(ctx);
     at::Tensor d_grad_output, d_weight;
     if (ctx->needs_input_grad(0)) d_grad_output = geo.fprop(grad, weight);
-    if (ctx->needs_input_grad(1)) d_weight = geo.wgrad(grad_output, grad, weight.sym_sizes());
+    if (ctx->needs_input_grad(1)) {
+      d_weight = with_strides_of(geo.wgrad(grad_output, grad, weight.sym_sizes()), weight);
+    }
     return grads({d_grad_output, d_weight, at::Tensor()});
   }
 };

@@ -249,13 +249,21 @@ ConvParams make_wgrad_params(const at::Tensor& grad_output,
   return p;
 }
 
-at::Tensor empty_output(c10::IntArrayRef sizes,
-                        const at::TensorOptions& opts) {
-  at::Tensor out = at::empty(sizes, opts);
+at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts,
+                        at::MemoryFormat format) {
+  at::Tensor out = at::empty(sizes, opts.memory_format(format));
   if (option(Option::kPoisonOutputs)) {
     out.fill_(std::numeric_limits<double>::quiet_NaN());
   }
   return out;
+}
+
+at::MemoryFormat result_memory_format(const at::Tensor& a, const at::Tensor& b) {
+  if (a.is_cuda() && a.scalar_type() == at::kDouble) return at::MemoryFormat::Contiguous;
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  return a.suggest_memory_format() == kCl || b.suggest_memory_format() == kCl
+             ? kCl
+             : at::MemoryFormat::Contiguous;
 }
 
 bool dgrad_is_fprop(const ConvParams& p) {

@@ -128,6 +128,14 @@ ConvParams make_wgrad_params(const at::Tensor& grad_output,
 // Allocates an op's output. When Option::kPoisonOutputs is on (tests), the
 // buffer is filled with NaN so that any element a kernel fails to write
 // shows up in the comparison against the reference.
-at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts);
+at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts,
+                        at::MemoryFormat format = at::MemoryFormat::Contiguous);
+
+// The memory format of a pass's result, as PyTorch's convolution picks it
+// from its two operands (input and weight; for dgrad grad_output and
+// weight; for wgrad grad_output and input): channels_last when either
+// one's strides suggest it (Tensor::suggest_memory_format), except float64
+// on CUDA, which cuDNN keeps contiguous.
+at::MemoryFormat result_memory_format(const at::Tensor& a, const at::Tensor& b);
 
 }  // namespace conv2d_ext

@@ -1,6 +1,7 @@
 // What every backend's op does around its kernels, written once: validate
-// the arguments, guard the device, allocate the output, handle empty
-// problems, hand contiguous NCHW operands to the backend's launcher.
+// the arguments, guard the device, allocate the output in PyTorch's memory
+// format (result_memory_format), handle empty problems, hand contiguous
+// NCHW operands to the backend's launcher.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,6 +10,27 @@
 #include "conv_params.h"
 
 namespace conv2d_ext {
+
+// A result of `sizes` in `format`: run(out) writes a contiguous (NCHW) one,
+// which a channels_last result is then copied from. Not run when empty.
+template <typename Run>
+at::Tensor nchw_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
+                       at::MemoryFormat format, Run&& run) {
+  if (format == at::MemoryFormat::Contiguous) {
+    at::Tensor out = empty_output(sizes, opts);
+    if (out.numel() > 0) run(out);
+    return out;
+  }
+  // Allocated in the format itself, so that its strides are those of the
+  // fake tensor (conv2d_ext/_ops.py) even where two formats' strides both
+  // fit the sizes (one channel, 1 x 1 planes).
+  at::Tensor result = at::empty(sizes, opts.memory_format(format));
+  if (result.numel() == 0) return result;
+  at::Tensor out = empty_output(sizes, opts);
+  run(out);
+  result.copy_(out);
+  return result;
+}
 
 // launch(params, x, w, bias_or_undefined, y)
 template <typename Launch>
@@ -20,13 +42,12 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
   const ConvParams p = make_fprop_params(input, weight, bias, stride, padding,
                                          dilation, groups);
   const c10::DeviceGuard guard(input.device());
-  at::Tensor y = empty_output({p.batch, p.out_channels, p.out_h, p.out_w},
-                              input.options());
-  if (y.numel() == 0) return y;
   const bool has_bias = bias.has_value() && bias->defined();
-  launch(p, input.contiguous(), weight.contiguous(),
-         has_bias ? bias->contiguous() : at::Tensor(), y);
-  return y;
+  return nchw_result({p.batch, p.out_channels, p.out_h, p.out_w}, input.options(),
+                     result_memory_format(input, weight), [&](at::Tensor& y) {
+                       launch(p, input.contiguous(), weight.contiguous(),
+                              has_bias ? bias->contiguous() : at::Tensor(), y);
+                     });
 }
 
 // launch(params, grad_output, w, grad_input)
@@ -38,10 +59,10 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
   const ConvParams p = make_dgrad_params(grad_output, weight, input_size,
                                          stride, padding, dilation, groups);
   const c10::DeviceGuard guard(grad_output.device());
-  at::Tensor grad_in = empty_output(input_size, grad_output.options());
-  if (grad_in.numel() == 0) return grad_in;
-  launch(p, grad_output.contiguous(), weight.contiguous(), grad_in);
-  return grad_in;
+  return nchw_result(input_size, grad_output.options(),
+                     result_memory_format(grad_output, weight), [&](at::Tensor& grad_in) {
+                       launch(p, grad_output.contiguous(), weight.contiguous(), grad_in);
+                     });
 }
 
 // launch(params, grad_output, x, grad_weight)
@@ -53,11 +74,15 @@ at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
   const ConvParams p = make_wgrad_params(grad_output, input, weight_size,
                                          stride, padding, dilation, groups);
   const c10::DeviceGuard guard(grad_output.device());
-  at::Tensor grad_w = empty_output(weight_size, grad_output.options());
-  if (grad_w.numel() == 0) return grad_w;
-  if (p.gemm_m() == 0) return grad_w.zero_();  // empty batch: nothing summed
-  launch(p, grad_output.contiguous(), input.contiguous(), grad_w);
-  return grad_w;
+  // The weight's own format is the autograd node's to match (autograd.cpp).
+  return nchw_result(weight_size, grad_output.options(),
+                     result_memory_format(grad_output, input), [&](at::Tensor& grad_w) {
+                       if (p.gemm_m() == 0) {
+                         grad_w.zero_();  // empty batch: nothing summed
+                       } else {
+                         launch(p, grad_output.contiguous(), input.contiguous(), grad_w);
+                       }
+                     });
 }
 
 }  // namespace conv2d_ext

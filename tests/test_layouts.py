@@ -1,9 +1,14 @@
-"""Non-contiguous and channels_last tensors, empty batches."""
+"""Non-contiguous and channels_last tensors, the results' memory formats,
+empty batches."""
 import pytest
 import torch
 
+import torch.nn.functional as F
+
 import conv2d_ext
 from utils import DEVICES, precision_of, reference, rel_err, tolerance
+
+CL = torch.channels_last
 
 
 def _grads(x, w, b, gy, **kw):
@@ -59,3 +64,50 @@ def test_empty_batch(device):
     assert x.grad.shape == x.shape
     assert torch.equal(w.grad, torch.zeros_like(w))
     assert torch.equal(b.grad, torch.zeros_like(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("x_format", ["nchw", "channels_last"])
+@pytest.mark.parametrize("w_format", ["nchw", "channels_last"])
+@pytest.mark.parametrize("kernel", [3, 1])
+def test_result_formats_match_pytorchs(device, dtype, x_format, w_format, kernel):
+    """The output and grad_input have the strides PyTorch's convolution gives
+    them on the same device (channels_last when the input or the weight is,
+    but float64 on CUDA); grad_weight has the weight's own strides, as DDP's
+    gradient buckets need, 1 x 1 kernels (whose channels_last and
+    contiguous strides both fit) included."""
+    x = torch.randn(2, 4, 9, 7, device=device, dtype=dtype)
+    w = torch.randn(6, 4, kernel, kernel, device=device, dtype=dtype)
+    if x_format == "channels_last":
+        x = x.to(memory_format=CL)
+    if w_format == "channels_last":
+        w = w.to(memory_format=CL)
+    x.requires_grad_()
+    w.requires_grad_()
+    y = conv2d_ext.conv2d(x, w, padding=kernel // 2)
+    y_ref = F.conv2d(x, w, padding=kernel // 2)
+    assert y.stride() == y_ref.stride()
+    gy = torch.randn_like(y_ref)
+    gx, gw = torch.autograd.grad(y, [x, w], gy)
+    gx_ref, _ = torch.autograd.grad(y_ref, [x, w], gy)
+    assert gx.stride() == gx_ref.stride()
+    assert gw.stride() == w.stride()
+    # And the values, whatever the layouts.
+    y64, gx64, gw64 = reference(x, w, None, 1, kernel // 2, 1, 1, grad_out=gy)
+    fwd, dgrad, wgrad = 4 * kernel * kernel, 6 * kernel * kernel, 2 * 9 * 7
+    assert rel_err(y, y64) <= tolerance(dtype, precision_of(dtype, device), fwd)
+    assert rel_err(gx, gx64) <= tolerance(dtype, precision_of(dtype, device), dgrad)
+    assert rel_err(gw, gw64) <= tolerance(dtype, precision_of(dtype, device), wgrad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_of_a_channels_last_grad_output_keeps_the_forwards_format(device):
+    """A gradient arriving in another format than the output's does not
+    change grad_input's: PyTorch's follows the input and weight."""
+    x = torch.randn(2, 4, 9, 7, device=device, requires_grad=True)
+    w = torch.randn(6, 4, 3, 3, device=device, requires_grad=True)
+    y = conv2d_ext.conv2d(x, w, padding=1)
+    gy = torch.randn_like(y).to(memory_format=CL)
+    gx, gw = torch.autograd.grad(y, [x, w], gy)
+    assert gx.is_contiguous() and gw.is_contiguous()
