@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 10> kEntries{{
+constexpr std::array<Entry, 11> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -25,8 +25,9 @@ constexpr std::array<Entry, 10> kEntries{{
     {"few_channels_dgrad_order", true},
     {"few_channels_dgrad_wide", true},
     {"wgrad_edge_steps", true},
+    {"nhwc_kernels", true},
 }};
-static_assert(static_cast<int>(Option::kWgradEdgeSteps) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcKernels) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

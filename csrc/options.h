@@ -40,6 +40,9 @@ enum class Option : int {
   // The sm_90 3xTF32 wgrad skips the k8 steps of a K tile past the output's
   // right edge, in pairs; off runs them on zeros (same bits).
   kWgradEdgeSteps,
+  // channels_last operands may run the channels_last engine (nhwc/); off
+  // runs the NCHW kernels on copies, as before it.
+  kNhwcKernels,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

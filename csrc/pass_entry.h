@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <vector>
+
 #include "conv_params.h"
 
 namespace conv2d_ext {
@@ -32,37 +34,79 @@ at::Tensor nchw_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
   return result;
 }
 
-// launch(params, x, w, bias_or_undefined, y)
-template <typename Launch>
+// launch(params, x, w, bias_or_undefined, y, nhwc). Where the result is
+// channels_last and nhwc(params) says a channels_last kernel takes the
+// call, x, w and y are channels_last (nhwc true); otherwise contiguous NCHW.
+template <typename Nhwc, typename Launch>
 at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
-                       const c10::optional<at::Tensor>& bias,
-                       c10::IntArrayRef stride, c10::IntArrayRef padding,
-                       c10::IntArrayRef dilation, int64_t groups,
-                       Launch&& launch) {
+                       const c10::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                       Nhwc&& nhwc, Launch&& launch) {
   const ConvParams p = make_fprop_params(input, weight, bias, stride, padding,
                                          dilation, groups);
   const c10::DeviceGuard guard(input.device());
   const bool has_bias = bias.has_value() && bias->defined();
-  return nchw_result({p.batch, p.out_channels, p.out_h, p.out_w}, input.options(),
-                     result_memory_format(input, weight), [&](at::Tensor& y) {
-                       launch(p, input.contiguous(), weight.contiguous(),
-                              has_bias ? bias->contiguous() : at::Tensor(), y);
-                     });
+  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
+  const at::MemoryFormat format = result_memory_format(input, weight);
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  const std::vector<int64_t> sizes{p.batch, p.out_channels, p.out_h, p.out_w};
+  if (format == kCl && nhwc(p)) {
+    at::Tensor y = empty_output(sizes, input.options(), kCl);
+    if (y.numel() > 0) launch(p, input.contiguous(kCl), weight.contiguous(kCl), b, y, true);
+    return y;
+  }
+  return nchw_result(sizes, input.options(), format, [&](at::Tensor& y) {
+    launch(p, input.contiguous(), weight.contiguous(), b, y, false);
+  });
 }
 
-// launch(params, grad_output, w, grad_input)
+// The same for a backend without channels_last kernels:
+// launch(params, x, w, bias_or_undefined, y).
 template <typename Launch>
+at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                       Launch&& launch) {
+  return fprop_entry(
+      input, weight, bias, stride, padding, dilation, groups,
+      [](const ConvParams&) { return false; },
+      [&](const ConvParams& p, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+          at::Tensor& y, bool) { launch(p, x, w, b, y); });
+}
+
+// launch(params, grad_output, w, grad_input, nhwc): as fprop_entry's, with
+// grad_output and grad_input channels_last where nhwc (w as given).
+template <typename Nhwc, typename Launch>
 at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
                        c10::IntArrayRef input_size, c10::IntArrayRef stride,
-                       c10::IntArrayRef padding, c10::IntArrayRef dilation,
-                       int64_t groups, Launch&& launch) {
+                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                       Nhwc&& nhwc, Launch&& launch) {
   const ConvParams p = make_dgrad_params(grad_output, weight, input_size,
                                          stride, padding, dilation, groups);
   const c10::DeviceGuard guard(grad_output.device());
-  return nchw_result(input_size, grad_output.options(),
-                     result_memory_format(grad_output, weight), [&](at::Tensor& grad_in) {
-                       launch(p, grad_output.contiguous(), weight.contiguous(), grad_in);
-                     });
+  const at::MemoryFormat format = result_memory_format(grad_output, weight);
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  if (format == kCl && nhwc(p)) {
+    at::Tensor grad_in = empty_output(input_size, grad_output.options(), kCl);
+    if (grad_in.numel() > 0) launch(p, grad_output.contiguous(kCl), weight, grad_in, true);
+    return grad_in;
+  }
+  return nchw_result(input_size, grad_output.options(), format, [&](at::Tensor& grad_in) {
+    launch(p, grad_output.contiguous(), weight.contiguous(), grad_in, false);
+  });
+}
+
+// launch(params, grad_output, w, grad_input), NCHW only.
+template <typename Launch>
+at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
+                       c10::IntArrayRef input_size, c10::IntArrayRef stride,
+                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                       Launch&& launch) {
+  return dgrad_entry(
+      grad_output, weight, input_size, stride, padding, dilation, groups,
+      [](const ConvParams&) { return false; },
+      [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& w, at::Tensor& gi,
+          bool) { launch(p, go, w, gi); });
 }
 
 // launch(params, grad_output, x, grad_weight)

@@ -2,6 +2,7 @@
 
 #include "cuda/few_channels/config.h"
 #include "cuda/kernel_sizes.cuh"
+#include "cuda/nhwc/config.h"
 #include "cuda/implicit_gemm/config.h"
 #include "cuda/sm90/config.h"
 
@@ -118,9 +119,19 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
   return Algo::kFewChannels;
 }
 
+// The channels_last engine, for a channels_last call: TF32 mode, the
+// forward and unit-stride dgrad (its forward over grad_output).
+bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
+  if (!option(Option::kNhwcKernels) || sm < 80 || math != MathMode::kTF32) return false;
+  if (pass == Pass::kFprop) return igemm_nhwc::fits(p);
+  if (pass == Pass::kDgrad) return dgrad_is_fprop(p) && igemm_nhwc::fits(dgrad_as_fprop(p));
+  return false;
+}
+
 }  // namespace
 
-Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
+Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
+                 bool channels_last) {
   Plan plan;
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
@@ -128,6 +139,10 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
   const Algo small = few_channels_algo(p, pass, plan.math, sm);
   if (small != Algo::kDirect) {
     plan.algo = small;
+    return plan;
+  }
+  if (channels_last && nhwc_engine(p, pass, plan.math, sm)) {
+    plan.algo = Algo::kImplicitGemmNhwc;
     return plan;
   }
   if (pass == Pass::kFprop) {
@@ -167,7 +182,9 @@ std::string algorithm(const std::string& pass, const at::Tensor& input,
                       int sm) {
   const ConvParams p = make_fprop_params(input, weight, c10::nullopt, stride,
                                          padding, dilation, groups);
-  return to_string(choose_plan(p, to_pass(pass), input.scalar_type(), sm).algo);
+  const bool channels_last =
+      result_memory_format(input, weight) == at::MemoryFormat::ChannelsLast;
+  return to_string(choose_plan(p, to_pass(pass), input.scalar_type(), sm, channels_last).algo);
 }
 
 namespace {
@@ -282,7 +299,9 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
                                          groups);
   const Pass which = to_pass(pass);
   const int s = static_cast<int>(sm);
-  const Plan plan = choose_plan(p, which, input.scalar_type(), s);
+  const bool channels_last =
+      result_memory_format(input, weight) == at::MemoryFormat::ChannelsLast;
+  const Plan plan = choose_plan(p, which, input.scalar_type(), s, channels_last);
   std::ostringstream out;
   out << to_string(plan.algo);
   switch (plan.algo) {
@@ -297,6 +316,9 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       break;
     case Algo::kDgradPhases:
       out << " phases=" << p.stride_h * p.stride_w;
+      break;
+    case Algo::kImplicitGemmNhwc:
+      out << " math=tf32";
       break;
     case Algo::kDirect:
       break;
@@ -328,6 +350,8 @@ const char* to_string(Algo algo) {
       return "few_channels_tc";
     case Algo::kDgradPhases:
       return "dgrad_phases";
+    case Algo::kImplicitGemmNhwc:
+      return "implicit_gemm_nhwc";
   }
   return "?";
 }

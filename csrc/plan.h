@@ -34,6 +34,10 @@ enum class Algo {
   // dgrad at stride > 1 (float32, sm_80+): one forward per stride phase of
   // the input, each on the kernel the forward's plan picks for it.
   kDgradPhases,
+  // The channels_last engine (float32, sm_80+, TF32 mode): implicit GEMM
+  // over the whole batch on NHWC operands; the forward, and dgrad at unit
+  // stride as one.
+  kImplicitGemmNhwc,
 };
 
 struct Plan {
@@ -63,7 +67,10 @@ bool hopper_kernels(int sm);
 bool few_channels_wgrad_sm90(int sm);
 
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
-Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
+// `channels_last`: the result is channels_last (result_memory_format), so
+// the channels_last engine may take the call.
+Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
+                 bool channels_last = false);
 
 // The algorithm `pass` ("forward", "backward_input" or "backward_weight")
 // of a convolution of these forward arguments runs now on a device of

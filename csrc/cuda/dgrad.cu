@@ -14,6 +14,7 @@
 #include "few_channels/few_channels.h"
 #include "fprop.h"
 #include "implicit_gemm/implicit_gemm.h"
+#include "nhwc/nhwc.h"
 #include "sm90/sm90.h"
 
 namespace conv2d_ext {
@@ -65,13 +66,23 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
                                       c10::IntArrayRef padding,
                                       c10::IntArrayRef dilation,
                                       int64_t groups) {
+  const int sm = current_sm();
   return dgrad_entry(
       grad_output, weight, input_size, stride, padding, dilation, groups,
-      [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
-         at::Tensor& grad_in) {
-        const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type(),
-                                      current_sm());
+      [&](const ConvParams& p) {
+        return choose_plan(p, Pass::kDgrad, grad_output.scalar_type(), sm,
+                           /*channels_last=*/true)
+                   .algo == Algo::kImplicitGemmNhwc;
+      },
+      [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
+          at::Tensor& grad_in, bool nhwc) {
+        const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type(), sm, nhwc);
+        TORCH_CHECK(nhwc == (plan.algo == Algo::kImplicitGemmNhwc),
+                    "conv2d_ext: internal error: operand layout and kernel disagree");
         switch (plan.algo) {
+          case Algo::kImplicitGemmNhwc:  // go, grad_in channels_last; unit stride
+            launch_fprop_nhwc(dgrad_as_fprop(p), go, nhwc_dgrad_weight(w), nullptr, grad_in);
+            return;
           case Algo::kImplicitGemm:
           case Algo::kImplicitGemmSm90:  // float32 only
             launch_fprop_implicit_gemm(dgrad_as_fprop(p), go, w, /*bias=*/nullptr, grad_in,

@@ -15,6 +15,7 @@
 #include "few_channels/few_channels.h"
 #include "fprop.h"
 #include "implicit_gemm/implicit_gemm.h"
+#include "nhwc/nhwc.h"
 #include "sm90/sm90.h"
 
 namespace conv2d_ext {
@@ -25,15 +26,28 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias,
                        c10::IntArrayRef stride, c10::IntArrayRef padding,
                        c10::IntArrayRef dilation, int64_t groups) {
-  return fprop_entry(input, weight, bias, stride, padding, dilation, groups, launch_fprop);
+  const int sm = current_sm();
+  return fprop_entry(
+      input, weight, bias, stride, padding, dilation, groups,
+      [&](const ConvParams& p) {
+        return choose_plan(p, Pass::kFprop, input.scalar_type(), sm, /*channels_last=*/true)
+                   .algo == Algo::kImplicitGemmNhwc;
+      },
+      launch_fprop);
 }
 
 }  // namespace
 
 void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                  const at::Tensor& b, at::Tensor& y) {
-  const Plan plan = choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm());
+                  const at::Tensor& b, at::Tensor& y, bool nhwc) {
+  const Plan plan = choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm(), nhwc);
+  TORCH_CHECK(nhwc == (plan.algo == Algo::kImplicitGemmNhwc),
+              "conv2d_ext: internal error: operand layout and kernel disagree");
   switch (plan.algo) {
+    case Algo::kImplicitGemmNhwc:  // x, w, y channels_last
+      launch_fprop_nhwc(p, x, w.permute({0, 2, 3, 1}).contiguous(),
+                        b.defined() ? b.data_ptr<float>() : nullptr, y);
+      return;
     case Algo::kImplicitGemm:
     case Algo::kImplicitGemmSm90:  // float32 only
       launch_fprop_implicit_gemm(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,

@@ -45,6 +45,7 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
             return;
           case Algo::kImplicitGemmSm90Flat:
           case Algo::kDgradPhases:
+          case Algo::kImplicitGemmNhwc:  // not for wgrad yet
             break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA wgrad kernel for algorithm ",

@@ -1,0 +1,46 @@
+// Tiles of the channels_last implicit-GEMM engine (nhwc/): fprop as a GEMM
+// over the whole batch, M = N*P*Q output pixels, N = K output channels,
+// K = R*S*C (tap-major, channels innermost, as NHWC activations and KRSC
+// weights hold them), so both operands are K-major and tiles span images.
+#pragma once
+
+#include <cstdint>
+
+#include "../../conv_params.h"
+
+namespace conv2d_ext {
+namespace igemm_nhwc {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kBlockK = 32;    // one tap's 32 channels: a 128-byte smem row
+constexpr int kStages = 3;
+
+// A block's tile: kBlockM pixels x kBlockN output channels.
+struct Tile {
+  int m, n;
+};
+
+// The M x N tile for a problem: the largest that still gives every SM a
+// block (small M * N leaves SMs idle behind a few large tiles).
+inline Tile choose_tile(const ConvParams& p, int sms) {
+  const int64_t m = p.gemm_m(), n = p.out_channels;
+  auto blocks = [&](int bm, int bn) { return ((m + bm - 1) / bm) * ((n + bn - 1) / bn); };
+  if (n > 64 && blocks(128, 128) >= sms) return {128, 128};
+  if (blocks(128, 64) >= sms) return {128, 64};
+  return {64, 64};
+}
+
+inline int64_t smem_bytes(const Tile& t) {
+  return int64_t(kStages) * (t.m + t.n) * kBlockK * 4;
+}
+
+// What the kernel takes: one group, 16-byte rows of input channels,
+// output channels in pairs (8-byte stores), pixels and tiles within ints.
+inline bool fits(const ConvParams& p) {
+  return p.groups == 1 && p.in_channels % 4 == 0 && p.out_channels % 2 == 0 &&
+         p.in_channels >= 8 && p.out_channels >= 8 && p.gemm_m() < (int64_t(1) << 31) &&
+         p.input_numel() < (int64_t(1) << 40);
+}
+
+}  // namespace igemm_nhwc
+}  // namespace conv2d_ext

@@ -1,0 +1,273 @@
+// fprop over channels_last activations on mma.sync (sm_80+), TF32 mode.
+//
+// Implicit GEMM over the whole batch (config.h): a block owns an M x N
+// tile of (pixels of any images) x (output channels) and walks K one tap's
+// 32 channels at a time, so a 7x7 plane fills tiles as well as a 224x224
+// one. Both operands are K-major in memory (NHWC input rows of C channels,
+// KRSC weight rows), so a K tile is a 16-byte-chunk gather per row: one
+// 16-byte async copy per 4 channels, zeros where the tap falls in the
+// padding or past C. Rows are stored 128 bytes wide with 16-byte chunk c
+// of row r at c ^ (r % 8) (the 128-byte swizzle): the copies of a row and
+// ldmatrix's reads of 8 rows at one chunk both hit 8 distinct bank groups.
+// kStages K tiles are in flight; one barrier per K tile.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <cstdint>
+
+#include "../common.cuh"
+#include "../mma.cuh"
+#include "config.h"
+#include "nhwc.h"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace cfg = igemm_nhwc;
+constexpr int kChunks = cfg::kBlockK / 4;  // 16-byte chunks of a smem row
+
+// A BM x BN tile over kWarpsM x kWarpsN warps, each kMT m16 by kNT n8
+// mma tiles.
+template <int BM, int BN, int kWarpsM_>
+struct Traits {
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = 8 / kWarpsM_;
+  static constexpr int kWarpM = BM / kWarpsM, kWarpN = BN / kWarpsN;
+  static constexpr int kMT = kWarpM / 16, kNT = kWarpN / 8;
+  static constexpr int kARows = BM * kChunks / cfg::kThreads;  // rows a thread copies
+  static constexpr int kBRows = BN * kChunks / cfg::kThreads;
+  static constexpr int kStageFloats = (BM + BN) * cfg::kBlockK;
+  static_assert(kNT % 2 == 0, "B fragments load in pairs of n8 tiles");
+  static_assert(kARows >= 1 && kBRows >= 1, "every thread copies a row of each");
+};
+
+// Float offset of (row, 16-byte chunk) in a swizzled tile.
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * cfg::kBlockK + ((chunk ^ (row & 7)) << 2);
+}
+
+// Where K tile kt lies: tap (r, s) and its first channel c0.
+struct KTile {
+  int r, s, c0;
+};
+__device__ __forceinline__ KTile k_tile(const ConvParams& p, int c_tiles, int kt) {
+  const int tap = kt / c_tiles;
+  const int r = tap / static_cast<int>(p.kernel_w);
+  return {r, tap - r * static_cast<int>(p.kernel_w), (kt - tap * c_tiles) * cfg::kBlockK};
+}
+
+// The input rows (output pixels) a thread copies: image base and the
+// window's top-left corner, fixed for the whole K walk.
+template <typename T>
+struct ARows {
+  int64_t base[T::kARows];  // offset of the pixel's image
+  int h0[T::kARows], w0[T::kARows];
+  bool live[T::kARows];
+
+  __device__ __forceinline__ ARows(const ConvParams& p, int m0, int row0) {
+    const int pq = static_cast<int>(p.out_h * p.out_w);
+#pragma unroll
+    for (int i = 0; i < T::kARows; ++i) {
+      const int64_t m = int64_t(m0) + row0 + i * (cfg::kThreads / kChunks);
+      live[i] = m < p.gemm_m();
+      const int img = live[i] ? static_cast<int>(m / pq) : 0;
+      const int rest = live[i] ? static_cast<int>(m - int64_t(img) * pq) : 0;
+      const int oh = rest / static_cast<int>(p.out_w), ow = rest - oh * static_cast<int>(p.out_w);
+      base[i] = int64_t(img) * p.in_h * p.in_w * p.in_channels;
+      h0[i] = oh * static_cast<int>(p.stride_h) - static_cast<int>(p.pad_h);
+      w0[i] = ow * static_cast<int>(p.stride_w) - static_cast<int>(p.pad_w);
+    }
+  }
+};
+
+// One K tile's copies into a stage: A (pixels x 32 channels of the tap)
+// and B (output channels x the same 32 weights).
+template <typename T, int BM, int BN>
+__device__ __forceinline__ void load_stage(float* stage, const ConvParams& p, const ARows<T>& a,
+                                           const float* __restrict__ x,
+                                           const float* __restrict__ w, int n0, KTile k,
+                                           int row0, int chunk) {
+  const int c = k.c0 + 4 * chunk;
+  const bool c_live = c < p.in_channels;
+  const int H = static_cast<int>(p.in_h), W = static_cast<int>(p.in_w);
+  const int ih_off = k.r * static_cast<int>(p.dilation_h);
+  const int iw_off = k.s * static_cast<int>(p.dilation_w);
+#pragma unroll
+  for (int i = 0; i < T::kARows; ++i) {
+    const int row = row0 + i * (cfg::kThreads / kChunks);
+    const int ih = a.h0[i] + ih_off, iw = a.w0[i] + iw_off;
+    const bool live = a.live[i] && c_live && ih >= 0 && ih < H && iw >= 0 && iw < W;
+    const float* src =
+        live ? x + a.base[i] + (int64_t(ih) * W + iw) * p.in_channels + c : x;
+    cp_async_16_or_zero(stage + swizzled(row, chunk), src, live);
+  }
+  float* sb = stage + BM * cfg::kBlockK;
+  const int64_t tap = int64_t(k.r) * p.kernel_w + k.s;
+#pragma unroll
+  for (int i = 0; i < T::kBRows; ++i) {
+    const int row = row0 + i * (cfg::kThreads / kChunks);
+    const int n = n0 + row;
+    const bool live = c_live && n < p.out_channels;
+    const float* src = live ? w + (int64_t(n) * p.taps() + tap) * p.in_channels + c : w;
+    cp_async_16_or_zero(sb + swizzled(row, chunk), src, live);
+  }
+}
+
+// A fragment register as the tensor cores read it: rounded to TF32.
+__device__ __forceinline__ void round_tf32(uint32_t& r) { r = tf32_operand(__uint_as_float(r)); }
+
+// The warp's products over one staged K tile: 4 k8 steps of kMT x kNT
+// m16n8k8 tiles, fragments by ldmatrix (rows 0-7 / 8-15 x the step's two
+// 4-channel halves).
+template <typename T, int BM>
+__device__ __forceinline__ void mma_stage(float (&acc)[T::kMT][T::kNT][4], const float* stage,
+                                          int warp_m, int warp_n, int lane) {
+  const uint32_t sa = smem_addr(stage), sb = smem_addr(stage + BM * cfg::kBlockK);
+  const int quad = lane >> 3, lrow = lane & 7;
+#pragma unroll
+  for (int kk = 0; kk < cfg::kBlockK / 8; ++kk) {
+    uint32_t a[T::kMT][4], b[T::kNT][2];
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt) {
+      const int row = warp_m * T::kWarpM + mt * 16 + lrow + ((quad & 1) << 3);
+      ldmatrix_x4(a[mt], sa + 4 * swizzled(row, 2 * kk + (quad >> 1)));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) round_tf32(a[mt][i]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < T::kNT; nt += 2) {
+      const int row = warp_n * T::kWarpN + nt * 8 + lrow + ((quad >> 1) << 3);
+      uint32_t r[4];
+      ldmatrix_x4(r, sb + 4 * swizzled(row, 2 * kk + (quad & 1)));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) round_tf32(r[i]);
+      b[nt][0] = r[0];
+      b[nt][1] = r[1];
+      b[nt + 1][0] = r[2];
+      b[nt + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kNT; ++nt) mma_tf32(acc[mt][nt], a[mt], b[nt]);
+  }
+}
+
+// The accumulators (+ bias) to y, [pixel][output channel]: each fragment's
+// two column pairs as 8-byte stores.
+template <typename T>
+__device__ __forceinline__ void store_tile(const float (&acc)[T::kMT][T::kNT][4],
+                                           const ConvParams& p, const float* __restrict__ bias,
+                                           float* __restrict__ y, int m0, int n0, int warp_m,
+                                           int warp_n, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t M = p.gemm_m(), N = p.out_channels;
+#pragma unroll
+  for (int nt = 0; nt < T::kNT; ++nt) {
+    const int n = n0 + warp_n * T::kWarpN + nt * 8 + 2 * t;
+    if (n >= N) continue;
+    const float b0 = bias ? bias[n] : 0.f, b1 = bias ? bias[n + 1] : 0.f;
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = int64_t(m0) + warp_m * T::kWarpM + mt * 16 + g + 8 * h;
+        if (m >= M) continue;
+        *reinterpret_cast<float2*>(y + m * N + n) =
+            make_float2(acc[mt][nt][2 * h] + b0, acc[mt][nt][2 * h + 1] + b1);
+      }
+  }
+}
+
+template <int BM, int BN, int kWarpsM>
+__global__ void __launch_bounds__(cfg::kThreads)
+    fprop_nhwc_kernel(const ConvParams p, const float* __restrict__ x,
+                      const float* __restrict__ w, const float* __restrict__ bias,
+                      float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles) {
+  using T = Traits<BM, BN, kWarpsM>;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp_m = warp % T::kWarpsM, warp_n = warp / T::kWarpsM;
+  // Output-channel tiles vary fastest: neighbouring blocks share their
+  // pixels' input rows, read while they are still in L2.
+  const int m0 = static_cast<int>(blockIdx.x / n_tiles) * BM;
+  const int n0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
+  const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+  const ARows<T> a(p, m0, row0);
+  auto load = [&](int kt) {
+    if (kt < k_tiles)
+      load_stage<T, BM, BN>(smem + (kt % cfg::kStages) * T::kStageFloats, p, a, x, w, n0,
+                            k_tile(p, c_tiles, kt), row0, chunk);
+    cp_async_commit();  // empty groups too: the wait below counts groups
+  };
+
+  float acc[T::kMT][T::kNT][4];
+  zero_fragments(acc);
+#pragma unroll
+  for (int s = 0; s < cfg::kStages - 1; ++s) load(s);
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<cfg::kStages - 2>();
+    // Tile kt has landed for every thread, and every warp is done with the
+    // stage the next copy overwrites (tile kt - 1's).
+    __syncthreads();
+    load(kt + cfg::kStages - 1);
+    mma_stage<T, BM>(acc, smem + (kt % cfg::kStages) * T::kStageFloats, warp_m, warp_n, lane);
+  }
+  store_tile<T>(acc, p, bias, y, m0, n0, warp_m, warp_n, lane);
+}
+
+template <int BM, int BN, int kWarpsM>
+void launch(const ConvParams& p, const float* x, const float* w, const float* bias, float* y) {
+  const int64_t m_tiles = ceil_div(p.gemm_m(), BM), n_tiles = ceil_div(p.out_channels, BN);
+  const int64_t c_tiles = ceil_div(p.in_channels, cfg::kBlockK);
+  const int64_t k_tiles = p.taps() * c_tiles;
+  TORCH_CHECK(m_tiles * n_tiles < (int64_t(1) << 31) && k_tiles < (int64_t(1) << 31),
+              "conv2d_ext: problem too large for the channels_last engine");
+  auto kernel = fprop_nhwc_kernel<BM, BN, kWarpsM>;
+  const size_t smem = static_cast<size_t>(cfg::smem_bytes({BM, BN}));
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<static_cast<unsigned>(m_tiles * n_tiles), cfg::kThreads, smem,
+           at::cuda::getCurrentCUDAStream()>>>(p, x, w, bias, y, static_cast<int>(n_tiles),
+                                               static_cast<int>(c_tiles),
+                                               static_cast<int>(k_tiles));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// 16-byte copies need 16-byte aligned rows: a view whose data starts
+// elsewhere is copied first.
+at::Tensor aligned(const at::Tensor& t, at::MemoryFormat format) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone(format);
+}
+
+}  // namespace
+
+void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
+                       const float* bias, at::Tensor& y) {
+  TORCH_CHECK(cfg::fits(p) && x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+                  y.is_contiguous(at::MemoryFormat::ChannelsLast) && w_nrsc.is_contiguous(),
+              "conv2d_ext: internal error: the channels_last engine got operands it does not "
+              "take");
+  const at::Tensor xa = aligned(x, at::MemoryFormat::ChannelsLast);
+  const at::Tensor wa = aligned(w_nrsc, at::MemoryFormat::Contiguous);
+  const float* xp = xa.data_ptr<float>();
+  const float* wp = wa.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const cfg::Tile t =
+      cfg::choose_tile(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  if (t.m == 128 && t.n == 128) {
+    launch<128, 128, 2>(p, xp, wp, bias, yp);
+  } else if (t.m == 128) {
+    launch<128, 64, 4>(p, xp, wp, bias, yp);
+  } else {
+    launch<64, 64, 2>(p, xp, wp, bias, yp);
+  }
+}
+
+at::Tensor nhwc_dgrad_weight(const at::Tensor& w) {
+  return w.flip({2, 3}).permute({1, 2, 3, 0}).contiguous();
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext

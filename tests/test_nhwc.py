@@ -1,0 +1,132 @@
+"""The channels_last engine (csrc/cuda/nhwc/): the forward and unit-stride
+dgrad of channels_last float32 operands in TF32 mode, against float64.
+Shapes leave partial tiles in every GEMM dimension (pixels across images,
+output channels, input channels short of a 32-channel K tile) and cover
+each of the three tile sizes, strides, dilations, padding and bias."""
+import pytest
+import torch
+
+import conv2d_ext
+from utils import cuda_only, option, reference, rel_err, tf32_mode, tolerance
+
+CL = torch.channels_last
+ops = torch.ops.conv2d_ext
+
+# name: (N, C, H, W, K, R, S, stride, padding, dilation)
+CASES = {
+    "r50_3x3_7x7_plane": (3, 64, 7, 7, 72, 3, 3, 1, 1, 1),
+    "r50_1x1_14": (4, 96, 14, 14, 40, 1, 1, 1, 0, 1),
+    "1x1_stride2": (2, 32, 15, 13, 48, 1, 1, 2, 0, 1),
+    "3x3_stride2": (2, 40, 17, 19, 64, 3, 3, 2, 1, 1),
+    "c_not_multiple_of_32": (2, 12, 20, 21, 10, 3, 3, 1, 1, 1),
+    "k_odd_pairs": (2, 36, 11, 9, 18, 5, 3, 1, (2, 1), 1),
+    "dilated_asymmetric": (2, 16, 23, 18, 24, 3, 5, 1, (2, 4), (2, 2)),
+    "7x7_stem_like": (2, 8, 30, 30, 16, 7, 7, 2, 3, 1),
+    "big_128x128_tiles": (8, 64, 56, 56, 256, 1, 1, 1, 0, 1),
+    "big_128x64_tiles": (8, 64, 56, 56, 64, 3, 3, 1, 1, 1),
+}
+
+
+def _operands(case, seed=0):
+    n, c, h, w, k, r, s, stride, padding, dilation = CASES[case]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(n, c, h, w, device="cuda", generator=g).to(memory_format=CL)
+    wt = torch.randn(k, c, r, s, device="cuda", generator=g).to(memory_format=CL)
+    b = torch.randn(k, device="cuda", generator=g)
+    return x, wt, b, dict(stride=stride, padding=padding, dilation=dilation)
+
+
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+def _args(x, w, kw):
+    return (x, w, _pair(kw["stride"]), _pair(kw["padding"]), _pair(kw["dilation"]), 1)
+
+
+@cuda_only
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forward_and_dgrad_against_float64(case):
+    x, w, b, kw = _operands(case)
+    with tf32_mode(True):
+        assert ops._algorithm("forward", *_args(x, w, kw)) == "implicit_gemm_nhwc"
+        # dgrad runs as a forward over grad_output: unit stride, and K (its
+        # input channels) in 16-byte rows, C (its outputs) in pairs.
+        k, c = w.shape[0], w.shape[1]
+        as_forward = kw["stride"] == 1 and k % 4 == 0 and c % 2 == 0
+        got = ops._algorithm("backward_input", *_args(x, w, kw))
+        assert (got == "implicit_gemm_nhwc") == as_forward, got
+        xg = x.clone().requires_grad_()
+        y = conv2d_ext.conv2d(xg, w, b, **kw)
+        assert y.is_contiguous(memory_format=CL)
+        gy = torch.randn_like(y)
+        (gx,) = torch.autograd.grad(y, [xg], gy)
+        assert gx.is_contiguous(memory_format=CL)
+    y64, gx64, _, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
+                                grad_out=gy)
+    taps = w.shape[2] * w.shape[3]
+    assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", c * taps)
+    assert rel_err(gx, gx64) <= tolerance(torch.float32, "tf32", k * taps)
+
+
+@cuda_only
+@pytest.mark.parametrize("case", ["r50_3x3_7x7_plane", "c_not_multiple_of_32"])
+def test_bitwise_reproducible(case):
+    x, w, b, kw = _operands(case)
+    with tf32_mode(True):
+        y1 = conv2d_ext.conv2d(x, w, b, **kw)
+        y2 = conv2d_ext.conv2d(x, w, b, **kw)
+    assert torch.equal(y1, y2)
+
+
+@cuda_only
+def test_switched_off_runs_the_nchw_kernels_on_copies():
+    x, w, b, kw = _operands("r50_3x3_7x7_plane")
+    with tf32_mode(True), option("nhwc_kernels", False):
+        assert ops._algorithm("forward", *_args(x, w, kw)) != "implicit_gemm_nhwc"
+        y = conv2d_ext.conv2d(x, w, b, **kw)
+    assert y.is_contiguous(memory_format=CL)
+    y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1)
+    assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", w[0].numel())
+
+
+@cuda_only
+def test_nchw_input_with_channels_last_weight_runs_the_engine():
+    """A channels_last weight makes the result channels_last (PyTorch's
+    rule), and the engine takes the input converted."""
+    x, w, b, kw = _operands("k_odd_pairs")
+    x = x.contiguous()
+    with tf32_mode(True):
+        assert ops._algorithm("forward", *_args(x, w, kw)) == "implicit_gemm_nhwc"
+        y = conv2d_ext.conv2d(x, w, b, **kw)
+    assert y.is_contiguous(memory_format=CL)
+    y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1)
+    assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", w[0].numel())
+
+
+@cuda_only
+def test_ieee_mode_and_groups_stay_on_the_nchw_kernels():
+    x, w, b, kw = _operands("r50_3x3_7x7_plane")
+    with tf32_mode(False):
+        assert ops._algorithm("forward", *_args(x, w, kw)) != "implicit_gemm_nhwc"
+    xg = x[:, :64]
+    wg = torch.randn(72, 32, 3, 3, device="cuda").to(memory_format=CL)
+    with tf32_mode(True):
+        args = (xg, wg, [1, 1], [1, 1], [1, 1], 2)
+        assert ops._algorithm("forward", *args) != "implicit_gemm_nhwc"
+
+
+@cuda_only
+def test_misaligned_view_is_copied_first():
+    """16-byte copies need aligned rows: a channels_last view starting one
+    float in still gives the right result."""
+    x, w, b, kw = _operands("c_not_multiple_of_32")
+    n, c, h, wd = x.shape
+    base = torch.randn(n * c * h * wd + 1, device="cuda")
+    xv = base[1:].view(n, h, wd, c).permute(0, 3, 1, 2)
+    xv.copy_(x)
+    assert xv.is_contiguous(memory_format=CL) and xv.data_ptr() % 16 != 0
+    with tf32_mode(True):
+        y = conv2d_ext.conv2d(xv, w, b, **kw)
+    y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1)
+    assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", w[0].numel())
