@@ -8,6 +8,7 @@
 
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 #if __has_include(<torch/headeronly/version.h>)
@@ -121,10 +122,21 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
 
 // The channels_last engine, for a channels_last call: TF32 mode, the
 // forward and unit-stride dgrad (its forward over grad_output).
+// On Hopper, forwards of at most kNhwcFlatMaxChannels input or output
+// channels that the flat sm_90 kernel takes run faster there, on NCHW
+// copies, than on the engine's mma.sync: its K tiles and 64-channel N tiles
+// run part empty (docs/kernels.md, "The channels_last engine").
+constexpr int64_t kNhwcFlatMaxChannels = 32;
+bool nhwc_fprop(const ConvParams& p, int sm) {
+  if (!igemm_nhwc::fits(p)) return false;
+  return !(hopper_kernels(sm) && option(Option::kFlatKernels) &&
+           std::min(p.in_channels, p.out_channels) <= kNhwcFlatMaxChannels &&
+           igemm_fprop_sm90_flat::fits(p, false));
+}
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80 || math != MathMode::kTF32) return false;
-  if (pass == Pass::kFprop) return igemm_nhwc::fits(p);
-  if (pass == Pass::kDgrad) return dgrad_is_fprop(p) && igemm_nhwc::fits(dgrad_as_fprop(p));
+  if (pass == Pass::kFprop) return nhwc_fprop(p, sm);
+  if (pass == Pass::kDgrad) return dgrad_is_fprop(p) && nhwc_fprop(dgrad_as_fprop(p), sm);
   return false;
 }
 

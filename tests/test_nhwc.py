@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import cuda_only, option, reference, rel_err, tf32_mode, tolerance
+from utils import (cuda_only, is_hopper_build, option, reference, rel_err, tf32_mode,
+                   tolerance)
 
 CL = torch.channels_last
 ops = torch.ops.conv2d_ext
@@ -114,6 +115,23 @@ def test_ieee_mode_and_groups_stay_on_the_nchw_kernels():
     with tf32_mode(True):
         args = (xg, wg, [1, 1], [1, 1], [1, 1], 2)
         assert ops._algorithm("forward", *args) != "implicit_gemm_nhwc"
+
+
+@cuda_only
+def test_hopper_keeps_32_channel_layers_on_the_flat_kernel():
+    """A seed-like layer (32 -> 64 channels, a plane the flat sm_90 forward
+    takes) stays on it, on NCHW copies, where a Hopper build runs."""
+    x = torch.randn(2, 32, 64, 64, device="cuda").to(memory_format=CL)
+    w = torch.randn(64, 32, 5, 9, device="cuda").to(memory_format=CL)
+    with tf32_mode(True):
+        fwd = ops._algorithm("forward", x, w, [1, 1], [2, 4], [1, 1], 1)
+        dgrad = ops._algorithm("backward_input", x, w, [1, 1], [2, 4], [1, 1], 1)
+        y = conv2d_ext.conv2d(x, w, padding=(2, 4))
+    want = "implicit_gemm_sm90_flat" if is_hopper_build() else "implicit_gemm_nhwc"
+    assert (fwd, dgrad) == (want, want)
+    assert y.is_contiguous(memory_format=CL)
+    y64 = reference(x, w, None, 1, (2, 4), 1, 1)
+    assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", w[0].numel())
 
 
 @cuda_only

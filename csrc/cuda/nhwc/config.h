@@ -13,7 +13,11 @@ namespace igemm_nhwc {
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kBlockK = 32;    // one tap's 32 channels: a 128-byte smem row
-constexpr int kStages = 3;
+constexpr int kBlocksPerSm = 2;
+
+// K tiles in flight: as many as two blocks per SM leave room for (the
+// copies of a block alone wait on memory; a second block's warps fill the gaps).
+constexpr int stages(int bm, int bn) { return bm + bn >= 256 ? 3 : 4; }
 
 // A block's tile: kBlockM pixels x kBlockN output channels.
 struct Tile {
@@ -31,7 +35,7 @@ inline Tile choose_tile(const ConvParams& p, int sms) {
 }
 
 inline int64_t smem_bytes(const Tile& t) {
-  return int64_t(kStages) * (t.m + t.n) * kBlockK * 4;
+  return int64_t(stages(t.m, t.n)) * (t.m + t.n) * kBlockK * 4;
 }
 
 // What the kernel takes: one group, 16-byte rows of input channels,

@@ -9,7 +9,7 @@
 // padding or past C. Rows are stored 128 bytes wide with 16-byte chunk c
 // of row r at c ^ (r % 8) (the 128-byte swizzle): the copies of a row and
 // ldmatrix's reads of 8 rows at one chunk both hit 8 distinct bank groups.
-// kStages K tiles are in flight; one barrier per K tile.
+// cfg::stages() K tiles are in flight; one barrier per K tile.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -38,6 +38,7 @@ struct Traits {
   static constexpr int kARows = BM * kChunks / cfg::kThreads;  // rows a thread copies
   static constexpr int kBRows = BN * kChunks / cfg::kThreads;
   static constexpr int kStageFloats = (BM + BN) * cfg::kBlockK;
+  static constexpr int kStages = cfg::stages(BM, BN);
   static_assert(kNT % 2 == 0, "B fragments load in pairs of n8 tiles");
   static_assert(kARows >= 1 && kBRows >= 1, "every thread copies a row of each");
 };
@@ -181,7 +182,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[T::kMT][T::kNT][4]
 }
 
 template <int BM, int BN, int kWarpsM>
-__global__ void __launch_bounds__(cfg::kThreads)
+__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     fprop_nhwc_kernel(const ConvParams p, const float* __restrict__ x,
                       const float* __restrict__ w, const float* __restrict__ bias,
                       float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles) {
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(cfg::kThreads)
   const ARows<T> a(p, m0, row0);
   auto load = [&](int kt) {
     if (kt < k_tiles)
-      load_stage<T, BM, BN>(smem + (kt % cfg::kStages) * T::kStageFloats, p, a, x, w, n0,
+      load_stage<T, BM, BN>(smem + (kt % T::kStages) * T::kStageFloats, p, a, x, w, n0,
                             k_tile(p, c_tiles, kt), row0, chunk);
     cp_async_commit();  // empty groups too: the wait below counts groups
   };
@@ -206,14 +207,14 @@ __global__ void __launch_bounds__(cfg::kThreads)
   float acc[T::kMT][T::kNT][4];
   zero_fragments(acc);
 #pragma unroll
-  for (int s = 0; s < cfg::kStages - 1; ++s) load(s);
+  for (int s = 0; s < T::kStages - 1; ++s) load(s);
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<cfg::kStages - 2>();
+    cp_async_wait<T::kStages - 2>();
     // Tile kt has landed for every thread, and every warp is done with the
     // stage the next copy overwrites (tile kt - 1's).
     __syncthreads();
-    load(kt + cfg::kStages - 1);
-    mma_stage<T, BM>(acc, smem + (kt % cfg::kStages) * T::kStageFloats, warp_m, warp_n, lane);
+    load(kt + T::kStages - 1);
+    mma_stage<T, BM>(acc, smem + (kt % T::kStages) * T::kStageFloats, warp_m, warp_n, lane);
   }
   store_tile<T>(acc, p, bias, y, m0, n0, warp_m, warp_n, lane);
 }
