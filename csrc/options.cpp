@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 11> kEntries{{
+constexpr std::array<Entry, 12> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -26,8 +26,9 @@ constexpr std::array<Entry, 11> kEntries{{
     {"few_channels_dgrad_wide", true},
     {"wgrad_edge_steps", true},
     {"nhwc_kernels", true},
+    {"nhwc_wgrad", false},
 }};
-static_assert(static_cast<int>(Option::kNhwcKernels) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcWgrad) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

@@ -43,6 +43,9 @@ enum class Option : int {
   // channels_last operands may run the channels_last engine (nhwc/); off
   // runs the NCHW kernels on copies, as before it.
   kNhwcKernels,
+  // channels_last wgrad may run on the engine too (off by default until
+  // measured on a GPU; tests switch it on).
+  kNhwcWgrad,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

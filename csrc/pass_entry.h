@@ -109,24 +109,46 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
           bool) { launch(p, go, w, gi); });
 }
 
-// launch(params, grad_output, x, grad_weight)
-template <typename Launch>
+// launch(params, grad_output, x, grad_weight, nhwc): as fprop_entry's,
+// with all three channels_last where nhwc.
+template <typename Nhwc, typename Launch>
 at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
                        c10::IntArrayRef weight_size, c10::IntArrayRef stride,
-                       c10::IntArrayRef padding, c10::IntArrayRef dilation,
-                       int64_t groups, Launch&& launch) {
+                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                       Nhwc&& nhwc, Launch&& launch) {
   const ConvParams p = make_wgrad_params(grad_output, input, weight_size,
                                          stride, padding, dilation, groups);
   const c10::DeviceGuard guard(grad_output.device());
   // The weight's own format is the autograd node's to match (autograd.cpp).
-  return nchw_result(weight_size, grad_output.options(),
-                     result_memory_format(grad_output, input), [&](at::Tensor& grad_w) {
-                       if (p.gemm_m() == 0) {
-                         grad_w.zero_();  // empty batch: nothing summed
-                       } else {
-                         launch(p, grad_output.contiguous(), input.contiguous(), grad_w);
-                       }
-                     });
+  const at::MemoryFormat format = result_memory_format(grad_output, input);
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  if (format == kCl && p.gemm_m() > 0 && nhwc(p)) {
+    at::Tensor grad_w = empty_output(weight_size, grad_output.options(), kCl);
+    if (grad_w.numel() > 0) {
+      launch(p, grad_output.contiguous(kCl), input.contiguous(kCl), grad_w, true);
+    }
+    return grad_w;
+  }
+  return nchw_result(weight_size, grad_output.options(), format, [&](at::Tensor& grad_w) {
+    if (p.gemm_m() == 0) {
+      grad_w.zero_();  // empty batch: nothing summed
+    } else {
+      launch(p, grad_output.contiguous(), input.contiguous(), grad_w, false);
+    }
+  });
+}
+
+// launch(params, grad_output, x, grad_weight), NCHW only.
+template <typename Launch>
+at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
+                       c10::IntArrayRef weight_size, c10::IntArrayRef stride,
+                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                       Launch&& launch) {
+  return wgrad_entry(
+      grad_output, input, weight_size, stride, padding, dilation, groups,
+      [](const ConvParams&) { return false; },
+      [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::Tensor& gw,
+          bool) { launch(p, go, x, gw); });
 }
 
 }  // namespace conv2d_ext

@@ -121,7 +121,8 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
 }
 
 // The channels_last engine, for a channels_last call: TF32 mode, the
-// forward and unit-stride dgrad (its forward over grad_output).
+// forward, unit-stride dgrad (its forward over grad_output) and, with the
+// option nhwc_wgrad, wgrad.
 // On Hopper, forwards of at most kNhwcFlatMaxChannels input or output
 // channels that the flat sm_90 kernel takes run faster there, on NCHW
 // copies, than on the engine's mma.sync: its K tiles and 64-channel N tiles
@@ -137,7 +138,7 @@ bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80 || math != MathMode::kTF32) return false;
   if (pass == Pass::kFprop) return nhwc_fprop(p, sm);
   if (pass == Pass::kDgrad) return dgrad_is_fprop(p) && nhwc_fprop(dgrad_as_fprop(p), sm);
-  return false;
+  return option(Option::kNhwcWgrad) && igemm_nhwc::wgrad_fits(p);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-"""The channels_last engine (csrc/cuda/nhwc/): the forward and unit-stride
-dgrad of channels_last float32 operands in TF32 mode, against float64.
+"""The channels_last engine (csrc/cuda/nhwc/): the forward, unit-stride
+dgrad and (option nhwc_wgrad) wgrad of channels_last float32 operands in
+TF32 mode, against float64.
 Shapes leave partial tiles in every GEMM dimension (pixels across images,
 output channels, input channels short of a 32-channel K tile) and cover
 each of the three tile sizes, strides, dilations, padding and bias."""
@@ -25,6 +26,7 @@ CASES = {
     "7x7_stem_like": (2, 8, 30, 30, 16, 7, 7, 2, 3, 1),
     "big_128x128_tiles": (8, 64, 56, 56, 256, 1, 1, 1, 0, 1),
     "big_128x64_tiles": (8, 64, 56, 56, 64, 3, 3, 1, 1, 1),
+    "split_k_1x1": (8, 64, 56, 56, 64, 1, 1, 1, 0, 1),  # wgrad: one tile, K split
 }
 
 
@@ -148,3 +150,28 @@ def test_misaligned_view_is_copied_first():
         y = conv2d_ext.conv2d(xv, w, b, **kw)
     y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1)
     assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", w[0].numel())
+
+
+# wgrad on the engine (option nhwc_wgrad, off by default until measured).
+WGRAD_CASES = sorted(CASES)
+
+
+@cuda_only
+@pytest.mark.parametrize("case", WGRAD_CASES)
+def test_wgrad_against_float64(case):
+    x, w, b, kw = _operands(case)
+    k, c = w.shape[0], w.shape[1]
+    with tf32_mode(True), option("nhwc_wgrad", True):
+        got = ops._algorithm("backward_weight", *_args(x, w, kw))
+        assert (got == "implicit_gemm_nhwc") == (k % 4 == 0 and c % 4 == 0), got
+        wg = w.clone().requires_grad_()
+        y = conv2d_ext.conv2d(x, wg, b, **kw)
+        gy = torch.randn_like(y)
+        (gw,) = torch.autograd.grad(y, [wg], gy)
+        (gw2,) = torch.autograd.grad(conv2d_ext.conv2d(x, wg, b, **kw), [wg], gy)
+    assert gw.stride() == w.stride()
+    assert torch.equal(gw, gw2), "not bitwise reproducible"
+    _, _, gw64, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
+                              grad_out=gy)
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "tf32", pixels)

@@ -9,6 +9,7 @@
 #include "direct/direct.h"
 #include "few_channels/few_channels.h"
 #include "implicit_gemm/implicit_gemm.h"
+#include "nhwc/nhwc.h"
 #include "sm90/sm90.h"
 
 namespace conv2d_ext {
@@ -21,13 +22,23 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
                                        c10::IntArrayRef padding,
                                        c10::IntArrayRef dilation,
                                        int64_t groups) {
+  const int sm = current_sm();
   return wgrad_entry(
       grad_output, input, weight_size, stride, padding, dilation, groups,
-      [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
-         at::Tensor& grad_w) {
-        const Plan plan = choose_plan(p, Pass::kWgrad, go.scalar_type(),
-                                      current_sm());
+      [&](const ConvParams& p) {
+        return choose_plan(p, Pass::kWgrad, grad_output.scalar_type(), sm,
+                           /*channels_last=*/true)
+                   .algo == Algo::kImplicitGemmNhwc;
+      },
+      [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
+          at::Tensor& grad_w, bool nhwc) {
+        const Plan plan = choose_plan(p, Pass::kWgrad, go.scalar_type(), sm, nhwc);
+        TORCH_CHECK(nhwc == (plan.algo == Algo::kImplicitGemmNhwc),
+                    "conv2d_ext: internal error: operand layout and kernel disagree");
         switch (plan.algo) {
+          case Algo::kImplicitGemmNhwc:  // go, x, grad_w channels_last
+            launch_wgrad_nhwc(p, go, x, grad_w);
+            return;
           case Algo::kImplicitGemm:  // float32 only
             launch_wgrad_implicit_gemm(p, go, x, grad_w, plan.math);
             return;
@@ -45,7 +56,6 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
             return;
           case Algo::kImplicitGemmSm90Flat:
           case Algo::kDgradPhases:
-          case Algo::kImplicitGemmNhwc:  // not for wgrad yet
             break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA wgrad kernel for algorithm ",

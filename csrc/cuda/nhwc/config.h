@@ -46,5 +46,13 @@ inline bool fits(const ConvParams& p) {
          p.input_numel() < (int64_t(1) << 40);
 }
 
+// wgrad (nhwc/wgrad.cu): M = K output channels, N = one tap's C input
+// channels, K = N*P*Q pixels. 16-byte rows of both channel counts.
+inline bool wgrad_fits(const ConvParams& p) {
+  return p.groups == 1 && p.in_channels % 4 == 0 && p.out_channels % 4 == 0 &&
+         p.in_channels >= 8 && p.out_channels >= 8 && p.gemm_m() < (int64_t(1) << 31) &&
+         p.input_numel() < (int64_t(1) << 40);
+}
+
 }  // namespace igemm_nhwc
 }  // namespace conv2d_ext

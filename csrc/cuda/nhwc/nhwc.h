@@ -17,6 +17,12 @@ namespace cuda {
 void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
                        const float* bias, at::Tensor& y);
 
+// grad_w of a channels_last layer: grad_out, x and grad_w channels_last
+// (grad_w's memory [K][R][S][C]); split over the pixels where tiles are
+// few, reduced in a fixed order.
+void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
+                       at::Tensor& grad_w);
+
 // The layer's weight [K][C][R][S] as the forward weight of its unit-stride
 // dgrad: [C][R][S][K], taps flipped.
 at::Tensor nhwc_dgrad_weight(const at::Tensor& w);

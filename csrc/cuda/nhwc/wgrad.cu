@@ -1,0 +1,264 @@
+// wgrad over channels_last operands on mma.sync (sm_80+), TF32 mode.
+//
+// Implicit GEMM with the batch's pixels as K (config.h): M = K output
+// channels, N = one tap's input channels (a block's N tile never spans
+// taps, so its B rows are runs of channels of one input pixel), K = N*P*Q
+// pixels in tiles of 32. Both operands arrive pixel-major (grad_output
+// rows of K channels, input rows of C channels): 16-byte async copies of
+// whole rows, stored [pixel][channel] with rows padded to 8 mod 32 floats,
+// so that a fragment's scalar loads (lane (g, t) reads pixel t, channel g)
+// hit 32 distinct banks; ldmatrix's transpose moves 16-bit halves and
+// cannot transpose TF32. K is split over grid.y slices where the M x N
+// tiles leave SMs idle; the slices' partial sums are added in slice order
+// (reduce_splits), so the result repeats bitwise.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <cstdint>
+
+#include "../common.cuh"
+#include "../mma.cuh"
+#include "../split_reduce.cuh"
+#include "config.h"
+#include "nhwc.h"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace cfg = igemm_nhwc;
+constexpr int kPixels = cfg::kBlockK;  // pixels of a K tile
+
+template <int BM, int BN>
+struct WgradTraits {
+  static constexpr int kWarpsM = (BM == 128 && BN == 64) ? 4 : 2, kWarpsN = 8 / kWarpsM;
+  static constexpr int kWarpM = BM / kWarpsM, kWarpN = BN / kWarpsN;
+  static constexpr int kMT = kWarpM / 16, kNT = kWarpN / 8;
+  static constexpr int kLdA = BM + 8, kLdB = BN + 8;  // 8 mod 32: conflict-free fragments
+  static constexpr int kStageFloats = kPixels * (kLdA + kLdB);
+  static constexpr int kStages = 3;
+  static constexpr int kAChunks = BM / 4, kBChunks = BN / 4;  // 16-byte chunks of a row
+  static constexpr int kARows = kPixels * kAChunks / cfg::kThreads;
+  static constexpr int kBRows = kPixels * kBChunks / cfg::kThreads;
+  static_assert(kMT >= 1 && kNT >= 1 && kARows >= 1 && kBRows >= 1, "tile too small");
+};
+
+template <int BM, int BN>
+constexpr int64_t wgrad_smem_bytes() {
+  return int64_t(WgradTraits<BM, BN>::kStages) * WgradTraits<BM, BN>::kStageFloats * 4;
+}
+
+// A block's place: output channels m0.., tap (r, s), input channels c0..,
+// and its slice of the pixels' K tiles.
+struct WgradBlock {
+  int m0, r, s, c0, kt_begin, kt_end;
+};
+__device__ __forceinline__ WgradBlock wgrad_block(const ConvParams& p, int bm, int bn,
+                                                  int c_tiles, int tiles_per_split,
+                                                  int k_tiles) {
+  const int m_tiles = static_cast<int>((p.out_channels + bm - 1) / bm);
+  const int m_tile = static_cast<int>(blockIdx.x % m_tiles), n_tile = blockIdx.x / m_tiles;
+  const int tap = n_tile / c_tiles;
+  WgradBlock b;
+  b.m0 = m_tile * bm;
+  b.r = tap / static_cast<int>(p.kernel_w);
+  b.s = tap - b.r * static_cast<int>(p.kernel_w);
+  b.c0 = (n_tile - tap * c_tiles) * bn;
+  b.kt_begin = blockIdx.y * tiles_per_split;
+  b.kt_end = min(k_tiles, b.kt_begin + tiles_per_split);
+  return b;
+}
+
+// One K tile's copies: grad_output rows (pixel j, channels m0..) and the
+// input rows each pixel's tap reads (channels c0..).
+template <typename T>
+__device__ __forceinline__ void wgrad_load(float* stage, const ConvParams& p,
+                                           const float* __restrict__ go,
+                                           const float* __restrict__ x, const WgradBlock& b,
+                                           int kt) {
+  const int64_t pixels = p.gemm_m();
+  const int64_t j0 = int64_t(kt) * kPixels;
+#pragma unroll
+  for (int i = 0; i < T::kARows; ++i) {
+    const int e = threadIdx.x + i * cfg::kThreads;
+    const int row = e / T::kAChunks, chunk = e % T::kAChunks;
+    const int64_t j = j0 + row;
+    const int k = b.m0 + 4 * chunk;
+    const bool live = j < pixels && k < p.out_channels;
+    cp_async_16_or_zero(stage + row * T::kLdA + 4 * chunk,
+                        live ? go + j * p.out_channels + k : go, live);
+  }
+  float* sb = stage + kPixels * T::kLdA;
+  const int pq = static_cast<int>(p.out_h * p.out_w), Q = static_cast<int>(p.out_w);
+  const int H = static_cast<int>(p.in_h), W = static_cast<int>(p.in_w);
+#pragma unroll
+  for (int i = 0; i < T::kBRows; ++i) {
+    const int e = threadIdx.x + i * cfg::kThreads;
+    const int row = e / T::kBChunks, chunk = e % T::kBChunks;
+    const int64_t j = j0 + row;
+    const int c = b.c0 + 4 * chunk;
+    bool live = j < pixels && c < p.in_channels;
+    const int img = live ? static_cast<int>(j / pq) : 0;
+    const int rest = live ? static_cast<int>(j - int64_t(img) * pq) : 0;
+    const int oh = rest / Q, ow = rest - oh * Q;
+    const int ih = oh * static_cast<int>(p.stride_h) - static_cast<int>(p.pad_h) +
+                   b.r * static_cast<int>(p.dilation_h);
+    const int iw = ow * static_cast<int>(p.stride_w) - static_cast<int>(p.pad_w) +
+                   b.s * static_cast<int>(p.dilation_w);
+    live = live && ih >= 0 && ih < H && iw >= 0 && iw < W;
+    const float* src =
+        live ? x + ((int64_t(img) * H + ih) * W + iw) * p.in_channels + c : x;
+    cp_async_16_or_zero(sb + row * T::kLdB + 4 * chunk, src, live);
+  }
+}
+
+__device__ __forceinline__ uint32_t tf32_at(const float* s) { return tf32_operand(*s); }
+
+// The warp's products over one staged K tile: 4 k8 steps; fragments by
+// scalar shared loads from the [pixel][channel] rows.
+template <typename T>
+__device__ __forceinline__ void wgrad_mma_stage(float (&acc)[T::kMT][T::kNT][4],
+                                                const float* stage, int warp_m, int warp_n,
+                                                int lane) {
+  const float* sa = stage;
+  const float* sb = stage + kPixels * T::kLdA;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < kPixels / 8; ++kk) {
+    const float* a_lo = sa + (kk * 8 + t) * T::kLdA + warp_m * T::kWarpM + g;
+    const float* a_hi = a_lo + 4 * T::kLdA;
+    const float* b_lo = sb + (kk * 8 + t) * T::kLdB + warp_n * T::kWarpN + g;
+    const float* b_hi = b_lo + 4 * T::kLdB;
+    uint32_t a[T::kMT][4], b[T::kNT][2];
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt) {
+      a[mt][0] = tf32_at(a_lo + mt * 16);
+      a[mt][1] = tf32_at(a_lo + mt * 16 + 8);
+      a[mt][2] = tf32_at(a_hi + mt * 16);
+      a[mt][3] = tf32_at(a_hi + mt * 16 + 8);
+    }
+#pragma unroll
+    for (int nt = 0; nt < T::kNT; ++nt) {
+      b[nt][0] = tf32_at(b_lo + nt * 8);
+      b[nt][1] = tf32_at(b_hi + nt * 8);
+    }
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kNT; ++nt) mma_tf32(acc[mt][nt], a[mt], b[nt]);
+  }
+}
+
+// The block's sums to its slice of `out`, [slice][K][R][S][C] (a
+// channels_last weight's memory per slice).
+template <typename T>
+__device__ __forceinline__ void wgrad_store(const float (&acc)[T::kMT][T::kNT][4],
+                                            const ConvParams& p, const WgradBlock& b,
+                                            float* __restrict__ out, int warp_m, int warp_n,
+                                            int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row_len = p.taps() * p.in_channels;  // R*S*C
+  float* slice = out + int64_t(blockIdx.y) * p.out_channels * row_len +
+                 (int64_t(b.r) * p.kernel_w + b.s) * p.in_channels;
+#pragma unroll
+  for (int nt = 0; nt < T::kNT; ++nt) {
+    const int c = b.c0 + warp_n * T::kWarpN + nt * 8 + 2 * t;
+    if (c >= p.in_channels) continue;
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k = b.m0 + warp_m * T::kWarpM + mt * 16 + g + 8 * h;
+        if (k >= p.out_channels) continue;
+        *reinterpret_cast<float2*>(slice + int64_t(k) * row_len + c) =
+            make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      }
+  }
+}
+
+template <int BM, int BN>
+__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
+    wgrad_nhwc_kernel(const ConvParams p, const float* __restrict__ go,
+                      const float* __restrict__ x, float* __restrict__ out, int c_tiles,
+                      int tiles_per_split, int k_tiles) {
+  using T = WgradTraits<BM, BN>;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp_m = warp % T::kWarpsM, warp_n = warp / T::kWarpsM;
+  const WgradBlock b = wgrad_block(p, BM, BN, c_tiles, tiles_per_split, k_tiles);
+  const int tiles = b.kt_end - b.kt_begin;
+  auto load = [&](int i) {
+    if (i < tiles)
+      wgrad_load<T>(smem + (i % T::kStages) * T::kStageFloats, p, go, x, b, b.kt_begin + i);
+    cp_async_commit();  // empty groups too: the wait below counts groups
+  };
+  float acc[T::kMT][T::kNT][4];
+  zero_fragments(acc);
+#pragma unroll
+  for (int s = 0; s < T::kStages - 1; ++s) load(s);
+  for (int i = 0; i < tiles; ++i) {
+    cp_async_wait<T::kStages - 2>();
+    __syncthreads();  // tile i landed; every warp is done with tile i - 1's stage
+    load(i + T::kStages - 1);
+    wgrad_mma_stage<T>(acc, smem + (i % T::kStages) * T::kStageFloats, warp_m, warp_n, lane);
+  }
+  wgrad_store<T>(acc, p, b, out, warp_m, warp_n, lane);
+}
+
+template <int BM, int BN>
+void launch_wgrad(const ConvParams& p, const float* go, const float* x, at::Tensor& grad_w) {
+  const int64_t m_tiles = ceil_div(p.out_channels, BM);
+  const int64_t c_tiles = ceil_div(p.in_channels, BN);
+  const int64_t tiles = m_tiles * p.taps() * c_tiles;
+  const int64_t k_tiles = ceil_div(p.gemm_m(), kPixels);
+  TORCH_CHECK(tiles < (int64_t(1) << 31) && k_tiles < (int64_t(1) << 31),
+              "conv2d_ext: problem too large for the channels_last wgrad");
+  const KSplit k = one_wave_k_split(tiles, k_tiles, cfg::kBlocksPerSm);
+  const int64_t numel = p.weight_numel();
+  // One slice writes grad_w itself; more write partial sums, added after.
+  at::Tensor partial = k.splits > 1 ? at::empty({k.splits * numel}, grad_w.options()) : grad_w;
+  auto kernel = wgrad_nhwc_kernel<BM, BN>;
+  const size_t smem = static_cast<size_t>(wgrad_smem_bytes<BM, BN>());
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(k.splits)), cfg::kThreads,
+           smem, at::cuda::getCurrentCUDAStream()>>>(
+      p, go, x, partial.data_ptr<float>(), static_cast<int>(c_tiles),
+      static_cast<int>(k.tiles_per_split), static_cast<int>(k_tiles));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (k.splits > 1) reduce_splits<float>(partial, grad_w, numel, static_cast<int>(k.splits));
+}
+
+at::Tensor aligned_cl(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0
+             ? t
+             : t.clone(at::MemoryFormat::ChannelsLast);
+}
+
+}  // namespace
+
+void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
+                       at::Tensor& grad_w) {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  TORCH_CHECK(cfg::wgrad_fits(p) && grad_out.is_contiguous(kCl) && x.is_contiguous(kCl) &&
+                  grad_w.is_contiguous(kCl),
+              "conv2d_ext: internal error: the channels_last wgrad got operands it does not "
+              "take");
+  const at::Tensor goa = aligned_cl(grad_out), xa = aligned_cl(x);
+  const float* gop = goa.data_ptr<float>();
+  const float* xp = xa.data_ptr<float>();
+  const bool wide_m = p.out_channels >= 128, wide_n = p.in_channels >= 128;
+  if (wide_m && wide_n) {
+    launch_wgrad<128, 128>(p, gop, xp, grad_w);
+  } else if (wide_m) {
+    launch_wgrad<128, 64>(p, gop, xp, grad_w);
+  } else if (wide_n) {
+    launch_wgrad<64, 128>(p, gop, xp, grad_w);
+  } else {
+    launch_wgrad<64, 64>(p, gop, xp, grad_w);
+  }
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext
