@@ -66,23 +66,23 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
                                       c10::IntArrayRef padding,
                                       c10::IntArrayRef dilation,
                                       int64_t groups) {
-  const int sm = current_sm();
+  // As the forward: the entry asks once, under its device guard, whether the
+  // channels_last engine runs, and the launch takes that answer.
   return dgrad_entry(
       grad_output, weight, input_size, stride, padding, dilation, groups,
       [&](const ConvParams& p) {
-        return choose_plan(p, Pass::kDgrad, grad_output.scalar_type(), sm,
+        return choose_plan(p, Pass::kDgrad, grad_output.scalar_type(), current_sm(),
                            /*channels_last=*/true)
                    .algo == Algo::kImplicitGemmNhwc;
       },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
           at::Tensor& grad_in, bool nhwc) {
-        const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type(), sm, nhwc);
-        TORCH_CHECK(nhwc == (plan.algo == Algo::kImplicitGemmNhwc),
-                    "conv2d_ext: internal error: operand layout and kernel disagree");
+        if (nhwc) {  // go, grad_in channels_last; unit stride
+          launch_fprop_nhwc(dgrad_as_fprop(p), go, nhwc_dgrad_weight(w), nullptr, grad_in);
+          return;
+        }
+        const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type(), current_sm());
         switch (plan.algo) {
-          case Algo::kImplicitGemmNhwc:  // go, grad_in channels_last; unit stride
-            launch_fprop_nhwc(dgrad_as_fprop(p), go, nhwc_dgrad_weight(w), nullptr, grad_in);
-            return;
           case Algo::kImplicitGemm:
           case Algo::kImplicitGemmSm90:  // float32 only
             launch_fprop_implicit_gemm(dgrad_as_fprop(p), go, w, /*bias=*/nullptr, grad_in,
@@ -110,6 +110,8 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
           case Algo::kFewChannelsTensorCore:  // float32 only
             launch_dgrad_few_channels_tc(p, go, w, grad_in);
             return;
+          case Algo::kImplicitGemmNhwc:  // not without channels_last operands
+            break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA dgrad kernel for algorithm ",
                     to_string(plan.algo));

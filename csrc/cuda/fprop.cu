@@ -26,11 +26,13 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias,
                        c10::IntArrayRef stride, c10::IntArrayRef padding,
                        c10::IntArrayRef dilation, int64_t groups) {
-  const int sm = current_sm();
+  // The entry asks once, under its device guard, whether the channels_last
+  // engine runs; the launch then takes that answer rather than asking again.
   return fprop_entry(
       input, weight, bias, stride, padding, dilation, groups,
       [&](const ConvParams& p) {
-        return choose_plan(p, Pass::kFprop, input.scalar_type(), sm, /*channels_last=*/true)
+        return choose_plan(p, Pass::kFprop, input.scalar_type(), current_sm(),
+                           /*channels_last=*/true)
                    .algo == Algo::kImplicitGemmNhwc;
       },
       launch_fprop);
@@ -40,14 +42,13 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
 
 void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                   const at::Tensor& b, at::Tensor& y, bool nhwc) {
-  const Plan plan = choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm(), nhwc);
-  TORCH_CHECK(nhwc == (plan.algo == Algo::kImplicitGemmNhwc),
-              "conv2d_ext: internal error: operand layout and kernel disagree");
+  if (nhwc) {  // x, w, y channels_last: the engine, as the caller's plan said
+    launch_fprop_nhwc(p, x, w.permute({0, 2, 3, 1}).contiguous(),
+                      b.defined() ? b.data_ptr<float>() : nullptr, y);
+    return;
+  }
+  const Plan plan = choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm());
   switch (plan.algo) {
-    case Algo::kImplicitGemmNhwc:  // x, w, y channels_last
-      launch_fprop_nhwc(p, x, w.permute({0, 2, 3, 1}).contiguous(),
-                        b.defined() ? b.data_ptr<float>() : nullptr, y);
-      return;
     case Algo::kImplicitGemm:
     case Algo::kImplicitGemmSm90:  // float32 only
       launch_fprop_implicit_gemm(p, x, w, b.defined() ? b.data_ptr<float>() : nullptr, y,
@@ -69,7 +70,8 @@ void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
     case Algo::kDirect:
       launch_fprop_direct(p, x, w, b, y);
       return;
-    case Algo::kDgradPhases:  // a dgrad algorithm
+    case Algo::kDgradPhases:      // a dgrad algorithm
+    case Algo::kImplicitGemmNhwc:  // not without channels_last operands
       break;
   }
   TORCH_CHECK(false, "conv2d_ext: no CUDA fprop kernel for algorithm ", to_string(plan.algo));

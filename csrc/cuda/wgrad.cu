@@ -22,23 +22,23 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
                                        c10::IntArrayRef padding,
                                        c10::IntArrayRef dilation,
                                        int64_t groups) {
-  const int sm = current_sm();
+  // As the forward: the entry asks once, under its device guard, whether the
+  // channels_last engine runs, and the launch takes that answer.
   return wgrad_entry(
       grad_output, input, weight_size, stride, padding, dilation, groups,
       [&](const ConvParams& p) {
-        return choose_plan(p, Pass::kWgrad, grad_output.scalar_type(), sm,
+        return choose_plan(p, Pass::kWgrad, grad_output.scalar_type(), current_sm(),
                            /*channels_last=*/true)
                    .algo == Algo::kImplicitGemmNhwc;
       },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
           at::Tensor& grad_w, bool nhwc) {
-        const Plan plan = choose_plan(p, Pass::kWgrad, go.scalar_type(), sm, nhwc);
-        TORCH_CHECK(nhwc == (plan.algo == Algo::kImplicitGemmNhwc),
-                    "conv2d_ext: internal error: operand layout and kernel disagree");
+        if (nhwc) {  // go, x, grad_w channels_last
+          launch_wgrad_nhwc(p, go, x, grad_w);
+          return;
+        }
+        const Plan plan = choose_plan(p, Pass::kWgrad, go.scalar_type(), current_sm());
         switch (plan.algo) {
-          case Algo::kImplicitGemmNhwc:  // go, x, grad_w channels_last
-            launch_wgrad_nhwc(p, go, x, grad_w);
-            return;
           case Algo::kImplicitGemm:  // float32 only
             launch_wgrad_implicit_gemm(p, go, x, grad_w, plan.math);
             return;
@@ -56,6 +56,7 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
             return;
           case Algo::kImplicitGemmSm90Flat:
           case Algo::kDgradPhases:
+          case Algo::kImplicitGemmNhwc:  // not without channels_last operands
             break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA wgrad kernel for algorithm ",

@@ -19,6 +19,7 @@
 
 #include "../common.cuh"
 #include "../mma.cuh"
+#include "../limits.h"
 #include "../split_reduce.cuh"
 #include "config.h"
 #include "nhwc.h"
@@ -249,7 +250,9 @@ void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at
   const float* gop = goa.data_ptr<float>();
   const float* xp = xa.data_ptr<float>();
   const bool wide_m = p.out_channels >= 128, wide_n = p.in_channels >= 128;
-  if (wide_m && wide_n) {
+  // 128 x 128 tiles need more shared memory than sm_86/89/120 give a block.
+  const bool fits_128 = wgrad_smem_bytes<128, 128>() <= max_block_smem_bytes(current_sm());
+  if (wide_m && wide_n && fits_128) {
     launch_wgrad<128, 128>(p, gop, xp, grad_w);
   } else if (wide_m) {
     launch_wgrad<128, 64>(p, gop, xp, grad_w);
