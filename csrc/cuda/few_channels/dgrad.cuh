@@ -1,6 +1,6 @@
 // The few-channel gather dgrad's kernel and launch templates (see
 // dgrad.cu for the design), shared by the files that instantiate them, one
-// kernel size each (few_channels/instantiations/).
+// (kernel size, input channels) launch each (few_channels/instantiations/).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -509,13 +509,6 @@ inline BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_
   return order;
 }
 
-// One kernel size's launches, over the group's input channels; each size
-// is instantiated in its own file (few_channels/instantiations/), so that
-// the build compiles them in parallel.
-template <int KH, int KW>
-void launch_size(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
-                 bool vec);
-
 template <int KH, int KW, int kCi>
 void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
             bool vec) {
@@ -523,7 +516,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   if constexpr (KH > 0) {
     // Strides and dilations whose halo is wider than the fixed pitch.
     if (!v.fixed_pitch) {
-      return launch_size<0, 0>(p, grad_out, w, gi, vec);
+      return launch<0, 0, kCi>(p, grad_out, w, gi, vec);
     }
   }
   // One tile geometry, its halo and stages (choose_dgrad_variant checked
@@ -597,6 +590,23 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
       option(Option::kFewChannelsDgradPairs), order));
 }
 
+// One kernel size's launches, over the group's input channels. Each
+// (size, input channels) launch is instantiated in its own file
+// (few_channels/instantiations/), so that the build compiles them in
+// parallel; here they are only declared.
+#define CONV2D_EXT_EXTERN_DGRAD_CI(H, W)                                                    \
+  extern template void launch<H, W, 1>(const ConvParams&, const at::Tensor&, const float*, \
+                                       float*, bool);                                      \
+  extern template void launch<H, W, 2>(const ConvParams&, const at::Tensor&, const float*, \
+                                       float*, bool);                                      \
+  extern template void launch<H, W, 3>(const ConvParams&, const at::Tensor&, const float*, \
+                                       float*, bool);                                      \
+  extern template void launch<H, W, 4>(const ConvParams&, const at::Tensor&, const float*, \
+                                       float*, bool);
+CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE(CONV2D_EXT_EXTERN_DGRAD_CI)
+CONV2D_EXT_EXTERN_DGRAD_CI(0, 0)
+#undef CONV2D_EXT_EXTERN_DGRAD_CI
+
 template <int KH, int KW>
 void launch_size(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
                  bool vec) {
@@ -611,14 +621,6 @@ void launch_size(const ConvParams& p, const at::Tensor& grad_out, const float* w
       return launch<KH, KW, 4>(p, grad_out, w, gi, vec);
   }
 }
-
-// Instantiated elsewhere (few_channels/instantiations/): not here.
-#define CONV2D_EXT_EXTERN_DGRAD_SIZE(H, W)                                               \
-  extern template void launch_size<H, W>(const ConvParams&, const at::Tensor&, const float*, \
-                                         float*, bool);
-CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE(CONV2D_EXT_EXTERN_DGRAD_SIZE)
-CONV2D_EXT_EXTERN_DGRAD_SIZE(0, 0)
-#undef CONV2D_EXT_EXTERN_DGRAD_SIZE
 
 }  // namespace few_channels_dgrad
 }  // namespace cuda

@@ -1,11 +1,11 @@
-// The few-channel gather dgrad for 3x3 kernels.
+// The few-channel gather dgrad for 3x3 kernels, 2 input channels per group.
 #include "../dgrad.cuh"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace few_channels_dgrad {
 
-template void launch_size<3, 3>(const ConvParams&, const at::Tensor&, const float*, float*,
+template void launch<3, 3, 2>(const ConvParams&, const at::Tensor&, const float*, float*,
                                   bool);
 
 }  // namespace few_channels_dgrad

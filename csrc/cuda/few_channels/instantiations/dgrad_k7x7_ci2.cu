@@ -1,11 +1,11 @@
-// The few-channel gather dgrad for 5x5 kernels.
+// The few-channel gather dgrad for 7x7 kernels, 2 input channels per group.
 #include "../dgrad.cuh"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace few_channels_dgrad {
 
-template void launch_size<5, 5>(const ConvParams&, const at::Tensor&, const float*, float*,
+template void launch<7, 7, 2>(const ConvParams&, const at::Tensor&, const float*, float*,
                                   bool);
 
 }  // namespace few_channels_dgrad

@@ -1,11 +1,11 @@
-// The few-channel gather dgrad for 7x7 kernels.
+// The few-channel gather dgrad for 7x7 kernels, 1 input channel per group.
 #include "../dgrad.cuh"
 
 namespace conv2d_ext {
 namespace cuda {
 namespace few_channels_dgrad {
 
-template void launch_size<7, 7>(const ConvParams&, const at::Tensor&, const float*, float*,
+template void launch<7, 7, 1>(const ConvParams&, const at::Tensor&, const float*, float*,
                                   bool);
 
 }  // namespace few_channels_dgrad

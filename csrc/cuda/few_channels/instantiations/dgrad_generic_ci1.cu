@@ -1,0 +1,13 @@
+// The few-channel gather dgrad for every other kernel size (and specialised sizes whose halo passes the fixed pitch), 1 input channel per group.
+#include "../dgrad.cuh"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace few_channels_dgrad {
+
+template void launch<0, 0, 1>(const ConvParams&, const at::Tensor&, const float*, float*,
+                                  bool);
+
+}  // namespace few_channels_dgrad
+}  // namespace cuda
+}  // namespace conv2d_ext

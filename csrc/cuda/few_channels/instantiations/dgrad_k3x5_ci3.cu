@@ -1,0 +1,13 @@
+// The few-channel gather dgrad for 3x5 kernels, 3 input channels per group.
+#include "../dgrad.cuh"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace few_channels_dgrad {
+
+template void launch<3, 5, 3>(const ConvParams&, const at::Tensor&, const float*, float*,
+                                  bool);
+
+}  // namespace few_channels_dgrad
+}  // namespace cuda
+}  // namespace conv2d_ext
