@@ -236,12 +236,6 @@ void launch(const ConvParams& p, const float* x, const float* w, const float* bi
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// 16-byte copies need 16-byte aligned rows: a view whose data starts
-// elsewhere is copied first.
-at::Tensor aligned(const at::Tensor& t, at::MemoryFormat format) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone(format);
-}
-
 }  // namespace
 
 void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
@@ -250,8 +244,8 @@ void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tenso
                   y.is_contiguous(at::MemoryFormat::ChannelsLast) && w_nrsc.is_contiguous(),
               "conv2d_ext: internal error: the channels_last engine got operands it does not "
               "take");
-  const at::Tensor xa = aligned(x, at::MemoryFormat::ChannelsLast);
-  const at::Tensor wa = aligned(w_nrsc, at::MemoryFormat::Contiguous);
+  const at::Tensor xa = aligned_16(x, at::MemoryFormat::ChannelsLast);
+  const at::Tensor wa = aligned_16(w_nrsc, at::MemoryFormat::Contiguous);
   const float* xp = xa.data_ptr<float>();
   const float* wp = wa.data_ptr<float>();
   float* yp = y.data_ptr<float>();

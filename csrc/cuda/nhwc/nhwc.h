@@ -5,6 +5,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 #include "../../conv_params.h"
 
 namespace conv2d_ext {
@@ -22,6 +24,12 @@ void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tenso
 // few, reduced in a fixed order.
 void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
                        at::Tensor& grad_w);
+
+// `t` itself where its data starts 16-byte aligned (the engine's 16-byte
+// copies need it), else a copy in `format`.
+inline at::Tensor aligned_16(const at::Tensor& t, at::MemoryFormat format) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone(format);
+}
 
 // The layer's weight [K][C][R][S] as the forward weight of its unit-stride
 // dgrad: [C][R][S][K], taps flipped.

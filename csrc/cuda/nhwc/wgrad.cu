@@ -231,12 +231,6 @@ void launch_wgrad(const ConvParams& p, const float* go, const float* x, at::Tens
   if (k.splits > 1) reduce_splits<float>(partial, grad_w, numel, static_cast<int>(k.splits));
 }
 
-at::Tensor aligned_cl(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0
-             ? t
-             : t.clone(at::MemoryFormat::ChannelsLast);
-}
-
 }  // namespace
 
 void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
@@ -246,7 +240,7 @@ void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at
                   grad_w.is_contiguous(kCl),
               "conv2d_ext: internal error: the channels_last wgrad got operands it does not "
               "take");
-  const at::Tensor goa = aligned_cl(grad_out), xa = aligned_cl(x);
+  const at::Tensor goa = aligned_16(grad_out, kCl), xa = aligned_16(x, kCl);
   const float* gop = goa.data_ptr<float>();
   const float* xp = xa.data_ptr<float>();
   const bool wide_m = p.out_channels >= 128, wide_n = p.in_channels >= 128;
