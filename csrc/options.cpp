@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 12> kEntries{{
+constexpr std::array<Entry, 13> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -26,9 +26,10 @@ constexpr std::array<Entry, 12> kEntries{{
     {"few_channels_dgrad_wide", true},
     {"wgrad_edge_steps", true},
     {"nhwc_kernels", true},
-    {"nhwc_wgrad", false},
+    {"nhwc_wgrad", true},
+    {"nhwc_wgmma", true},
 }};
-static_assert(static_cast<int>(Option::kNhwcWgrad) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcWgmma) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

@@ -43,9 +43,12 @@ enum class Option : int {
   // channels_last operands may run the channels_last engine (nhwc/); off
   // runs the NCHW kernels on copies, as before it.
   kNhwcKernels,
-  // channels_last wgrad may run on the engine too (off by default until
-  // measured on a GPU; tests switch it on).
+  // channels_last wgrad may run on the engine too; off runs the NCHW
+  // kernels on copies.
   kNhwcWgrad,
+  // On Hopper the engine's 128-row forward tiles run on wgmma; off keeps
+  // its mma.sync kernel covered there.
+  kNhwcWgmma,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

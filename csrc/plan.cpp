@@ -29,6 +29,8 @@ bool few_channels_wgrad_sm90(int sm) {
   return hopper_kernels(sm) && option(Option::kFewChannelsWgradSm90);
 }
 
+bool nhwc_wgmma(int sm) { return hopper_kernels(sm) && option(Option::kNhwcWgmma); }
+
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws
   // when conv and RNN flags differ; ask for convolutions explicitly.
@@ -121,8 +123,7 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
 }
 
 // The channels_last engine, for a channels_last call: TF32 mode, the
-// forward, unit-stride dgrad (its forward over grad_output) and, with the
-// option nhwc_wgrad, wgrad.
+// forward, unit-stride dgrad (its forward over grad_output) and wgrad.
 // On Hopper, forwards of at most kNhwcFlatMaxChannels input or output
 // channels that the flat sm_90 kernel takes run faster there, on NCHW
 // copies, than on the engine's mma.sync: its K tiles and 64-channel N tiles
@@ -331,7 +332,10 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       out << " phases=" << p.stride_h * p.stride_w;
       break;
     case Algo::kImplicitGemmNhwc:
+      // Forward tiles of 128 rows run on wgmma where this is 1 (the tile
+      // itself depends on the GPU's multiprocessor count).
       out << " math=tf32";
+      if (which != Pass::kWgrad) out << " wgmma=" << nhwc_wgmma(s);
       break;
     case Algo::kDirect:
       break;

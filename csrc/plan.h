@@ -66,6 +66,10 @@ bool hopper_kernels(int sm);
 // hopper_kernels(sm) and Option::kFewChannelsWgradSm90.
 bool few_channels_wgrad_sm90(int sm);
 
+// Whether the channels_last engine's forward runs its 128-row tiles on
+// wgmma: hopper_kernels(sm) and Option::kNhwcWgmma.
+bool nhwc_wgmma(int sm);
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 // `channels_last`: the result is channels_last (result_memory_format), so
 // the channels_last engine may take the call.

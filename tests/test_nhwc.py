@@ -1,6 +1,6 @@
 """The channels_last engine (csrc/cuda/nhwc/): the forward, unit-stride
-dgrad and (option nhwc_wgrad) wgrad of channels_last float32 operands in
-TF32 mode, against float64.
+dgrad and wgrad of channels_last float32 operands in TF32 mode, against
+float64, the forward on wgmma (Hopper) and on mma.sync.
 Shapes leave partial tiles in every GEMM dimension (pixels across images,
 output channels, input channels short of a 32-channel K tile) and cover
 each of the three tile sizes, strides, dilations, padding and bias."""
@@ -29,6 +29,10 @@ CASES = {
     "split_k_1x1": (8, 64, 56, 56, 64, 1, 1, 1, 0, 1),  # wgrad: one tile, K split
     "wide_128x128": (4, 128, 28, 28, 128, 3, 3, 1, 1, 1),  # wgrad: 128-channel M and N tiles
     "wide_c_64x128": (4, 128, 28, 28, 64, 3, 3, 1, 1, 1),  # wgrad: 64 x 128 tiles
+    # 128 x 128 and 128 x 64 forward tiles (wgmma on Hopper), partial in M,
+    # N and K.
+    "partial_128x128": (7, 40, 45, 45, 200, 3, 3, 1, 1, 1),
+    "partial_128x64": (6, 36, 60, 50, 56, 3, 3, 1, 1, 1),
 }
 
 
@@ -50,11 +54,15 @@ def _args(x, w, kw):
 
 
 @cuda_only
+@pytest.mark.parametrize("wgmma", [True, False], ids=["wgmma", "mma_sync"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_forward_and_dgrad_against_float64(case):
+def test_forward_and_dgrad_against_float64(case, wgmma):
     x, w, b, kw = _operands(case)
-    with tf32_mode(True):
+    with tf32_mode(True), option("nhwc_wgmma", wgmma):
         assert ops._algorithm("forward", *_args(x, w, kw)) == "implicit_gemm_nhwc"
+        sm = torch.cuda.get_device_capability()
+        report = ops._kernel("forward", *_args(x, w, kw), 10 * sm[0] + sm[1])
+        assert f"wgmma={int(wgmma and is_hopper_build())}" in report, report
         # dgrad runs as a forward over grad_output: unit stride, and K (its
         # input channels) in 16-byte rows, C (its outputs) in pairs.
         k, c = w.shape[0], w.shape[1]
@@ -154,7 +162,7 @@ def test_misaligned_view_is_copied_first():
     assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", w[0].numel())
 
 
-# wgrad on the engine (option nhwc_wgrad, off by default until measured).
+# wgrad on the engine.
 WGRAD_CASES = sorted(CASES)
 
 
@@ -163,7 +171,7 @@ WGRAD_CASES = sorted(CASES)
 def test_wgrad_against_float64(case):
     x, w, b, kw = _operands(case)
     k, c = w.shape[0], w.shape[1]
-    with tf32_mode(True), option("nhwc_wgrad", True):
+    with tf32_mode(True):
         got = ops._algorithm("backward_weight", *_args(x, w, kw))
         assert (got == "implicit_gemm_nhwc") == (k % 4 == 0 and c % 4 == 0), got
         wg = w.clone().requires_grad_()
@@ -173,6 +181,22 @@ def test_wgrad_against_float64(case):
         (gw2,) = torch.autograd.grad(conv2d_ext.conv2d(x, wg, b, **kw), [wg], gy)
     assert gw.stride() == w.stride()
     assert torch.equal(gw, gw2), "not bitwise reproducible"
+    _, _, gw64, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
+                              grad_out=gy)
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "tf32", pixels)
+
+
+@cuda_only
+def test_wgrad_switched_off_runs_the_nchw_kernels_on_copies():
+    x, w, b, kw = _operands("wide_128x128")
+    with tf32_mode(True), option("nhwc_wgrad", False):
+        assert ops._algorithm("backward_weight", *_args(x, w, kw)) != "implicit_gemm_nhwc"
+        wg = w.clone().requires_grad_()
+        y = conv2d_ext.conv2d(x, wg, b, **kw)
+        gy = torch.randn_like(y)
+        (gw,) = torch.autograd.grad(y, [wg], gy)
+    assert gw.stride() == w.stride()
     _, _, gw64, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
                               grad_out=gy)
     pixels = y.shape[0] * y.shape[2] * y.shape[3]

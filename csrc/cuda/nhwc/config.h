@@ -38,6 +38,25 @@ inline int64_t smem_bytes(const Tile& t) {
   return int64_t(stages(t.m, t.n)) * (t.m + t.n) * kBlockK * 4;
 }
 
+// The forward's kernel: its tile, and whether it runs on wgmma (Hopper,
+// sm_90a code): a 128-row tile is two warpgroups' 64 rows, each one
+// wgmma per k8 step reading both operands from the swizzled stages, where
+// mma.sync needs a warp's fragments loaded and issued one m16n8 at a time.
+// 64 x 64 tiles stay on mma.sync.
+struct FpropKernel {
+  Tile tile;
+  bool wgmma;
+};
+inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper) {
+  const Tile t = choose_tile(p, sms);
+  return {t, hopper && t.m == 128};
+}
+
+// wgmma reads the swizzle from 1024-byte aligned atoms: the stages, plus
+// slack to align the dynamic shared memory's start.
+constexpr int kWgmmaAlign = 1024;
+inline int64_t wgmma_smem_bytes(const Tile& t) { return smem_bytes(t) + kWgmmaAlign; }
+
 // What the kernel takes: one group, 16-byte rows of input channels,
 // output channels in pairs (8-byte stores), pixels and tiles within ints.
 inline bool fits(const ConvParams& p) {

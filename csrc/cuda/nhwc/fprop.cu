@@ -16,9 +16,11 @@
 
 #include <cstdint>
 
+#include "../../plan.h"
 #include "../common.cuh"
 #include "../mma.cuh"
 #include "config.h"
+#include "gather.cuh"
 #include "nhwc.h"
 
 namespace conv2d_ext {
@@ -26,7 +28,11 @@ namespace cuda {
 namespace {
 
 namespace cfg = igemm_nhwc;
-constexpr int kChunks = cfg::kBlockK / 4;  // 16-byte chunks of a smem row
+using nhwc::ARows;
+using nhwc::k_tile;
+using nhwc::kChunks;
+using nhwc::load_stage;
+using nhwc::swizzled;
 
 // A BM x BN tile over kWarpsM x kWarpsN warps, each kMT m16 by kNT n8
 // mma tiles.
@@ -42,78 +48,6 @@ struct Traits {
   static_assert(kNT % 2 == 0, "B fragments load in pairs of n8 tiles");
   static_assert(kARows >= 1 && kBRows >= 1, "every thread copies a row of each");
 };
-
-// Float offset of (row, 16-byte chunk) in a swizzled tile.
-__device__ __forceinline__ int swizzled(int row, int chunk) {
-  return row * cfg::kBlockK + ((chunk ^ (row & 7)) << 2);
-}
-
-// Where K tile kt lies: tap (r, s) and its first channel c0.
-struct KTile {
-  int r, s, c0;
-};
-__device__ __forceinline__ KTile k_tile(const ConvParams& p, int c_tiles, int kt) {
-  const int tap = kt / c_tiles;
-  const int r = tap / static_cast<int>(p.kernel_w);
-  return {r, tap - r * static_cast<int>(p.kernel_w), (kt - tap * c_tiles) * cfg::kBlockK};
-}
-
-// The input rows (output pixels) a thread copies: image base and the
-// window's top-left corner, fixed for the whole K walk.
-template <typename T>
-struct ARows {
-  int64_t base[T::kARows];  // offset of the pixel's image
-  int h0[T::kARows], w0[T::kARows];
-  bool live[T::kARows];
-
-  __device__ __forceinline__ ARows(const ConvParams& p, int m0, int row0) {
-    const int pq = static_cast<int>(p.out_h * p.out_w);
-#pragma unroll
-    for (int i = 0; i < T::kARows; ++i) {
-      const int64_t m = int64_t(m0) + row0 + i * (cfg::kThreads / kChunks);
-      live[i] = m < p.gemm_m();
-      const int img = live[i] ? static_cast<int>(m / pq) : 0;
-      const int rest = live[i] ? static_cast<int>(m - int64_t(img) * pq) : 0;
-      const int oh = rest / static_cast<int>(p.out_w), ow = rest - oh * static_cast<int>(p.out_w);
-      base[i] = int64_t(img) * p.in_h * p.in_w * p.in_channels;
-      h0[i] = oh * static_cast<int>(p.stride_h) - static_cast<int>(p.pad_h);
-      w0[i] = ow * static_cast<int>(p.stride_w) - static_cast<int>(p.pad_w);
-    }
-  }
-};
-
-// One K tile's copies into a stage: A (pixels x 32 channels of the tap)
-// and B (output channels x the same 32 weights).
-template <typename T, int BM, int BN>
-__device__ __forceinline__ void load_stage(float* stage, const ConvParams& p, const ARows<T>& a,
-                                           const float* __restrict__ x,
-                                           const float* __restrict__ w, int n0, KTile k,
-                                           int row0, int chunk) {
-  const int c = k.c0 + 4 * chunk;
-  const bool c_live = c < p.in_channels;
-  const int H = static_cast<int>(p.in_h), W = static_cast<int>(p.in_w);
-  const int ih_off = k.r * static_cast<int>(p.dilation_h);
-  const int iw_off = k.s * static_cast<int>(p.dilation_w);
-#pragma unroll
-  for (int i = 0; i < T::kARows; ++i) {
-    const int row = row0 + i * (cfg::kThreads / kChunks);
-    const int ih = a.h0[i] + ih_off, iw = a.w0[i] + iw_off;
-    const bool live = a.live[i] && c_live && ih >= 0 && ih < H && iw >= 0 && iw < W;
-    const float* src =
-        live ? x + a.base[i] + (int64_t(ih) * W + iw) * p.in_channels + c : x;
-    cp_async_16_or_zero(stage + swizzled(row, chunk), src, live);
-  }
-  float* sb = stage + BM * cfg::kBlockK;
-  const int64_t tap = int64_t(k.r) * p.kernel_w + k.s;
-#pragma unroll
-  for (int i = 0; i < T::kBRows; ++i) {
-    const int row = row0 + i * (cfg::kThreads / kChunks);
-    const int n = n0 + row;
-    const bool live = c_live && n < p.out_channels;
-    const float* src = live ? w + (int64_t(n) * p.taps() + tap) * p.in_channels + c : w;
-    cp_async_16_or_zero(sb + swizzled(row, chunk), src, live);
-  }
-}
 
 // A fragment register as the tensor cores read it: rounded to TF32.
 __device__ __forceinline__ void round_tf32(uint32_t& r) { r = tf32_operand(__uint_as_float(r)); }
@@ -221,18 +155,14 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 
 template <int BM, int BN, int kWarpsM>
 void launch(const ConvParams& p, const float* x, const float* w, const float* bias, float* y) {
-  const int64_t m_tiles = ceil_div(p.gemm_m(), BM), n_tiles = ceil_div(p.out_channels, BN);
-  const int64_t c_tiles = ceil_div(p.in_channels, cfg::kBlockK);
-  const int64_t k_tiles = p.taps() * c_tiles;
-  TORCH_CHECK(m_tiles * n_tiles < (int64_t(1) << 31) && k_tiles < (int64_t(1) << 31),
-              "conv2d_ext: problem too large for the channels_last engine");
+  const NhwcGrid g = nhwc_fprop_grid(p, {BM, BN});
   auto kernel = fprop_nhwc_kernel<BM, BN, kWarpsM>;
   const size_t smem = static_cast<size_t>(cfg::smem_bytes({BM, BN}));
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<static_cast<unsigned>(m_tiles * n_tiles), cfg::kThreads, smem,
-           at::cuda::getCurrentCUDAStream()>>>(p, x, w, bias, y, static_cast<int>(n_tiles),
-                                               static_cast<int>(c_tiles),
-                                               static_cast<int>(k_tiles));
+  kernel<<<static_cast<unsigned>(g.m_tiles * g.n_tiles), cfg::kThreads, smem,
+           at::cuda::getCurrentCUDAStream()>>>(p, x, w, bias, y, static_cast<int>(g.n_tiles),
+                                               static_cast<int>(g.c_tiles),
+                                               static_cast<int>(g.k_tiles));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -249,9 +179,12 @@ void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tenso
   const float* xp = xa.data_ptr<float>();
   const float* wp = wa.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const cfg::Tile t =
-      cfg::choose_tile(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
-  if (t.m == 128 && t.n == 128) {
+  const cfg::FpropKernel k = cfg::choose_fprop(
+      p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, nhwc_wgmma(current_sm()));
+  const cfg::Tile t = k.tile;
+  if (k.wgmma) {
+    launch_fprop_nhwc_wgmma(p, xp, wp, bias, yp, t);
+  } else if (t.m == 128 && t.n == 128) {
     launch<128, 128, 2>(p, xp, wp, bias, yp);
   } else if (t.m == 128) {
     launch<128, 64, 4>(p, xp, wp, bias, yp);

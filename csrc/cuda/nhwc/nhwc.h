@@ -4,10 +4,12 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 
 #include "../../conv_params.h"
+#include "config.h"
 
 namespace conv2d_ext {
 namespace cuda {
@@ -18,6 +20,25 @@ namespace cuda {
 // the layer's weight flipped and transposed (nhwc_dgrad_weight).
 void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
                        const float* bias, at::Tensor& y);
+
+// The forward's tile on wgmma (fprop_sm90.cu; 128 x 128 or 128 x 64),
+// launched by launch_fprop_nhwc with its operands checked.
+void launch_fprop_nhwc_wgmma(const ConvParams& p, const float* x, const float* w,
+                             const float* bias, float* y, const igemm_nhwc::Tile& tile);
+
+// The forward's grid: M x N tiles, and K tiles of 32 channels per tap.
+struct NhwcGrid {
+  int64_t m_tiles, n_tiles, c_tiles, k_tiles;
+};
+inline NhwcGrid nhwc_fprop_grid(const ConvParams& p, const igemm_nhwc::Tile& t) {
+  const int64_t bk = igemm_nhwc::kBlockK;
+  NhwcGrid g{(p.gemm_m() + t.m - 1) / t.m, (p.out_channels + t.n - 1) / t.n,
+              (p.in_channels + bk - 1) / bk, 0};
+  g.k_tiles = p.taps() * g.c_tiles;
+  TORCH_CHECK(g.m_tiles * g.n_tiles < (int64_t(1) << 31) && g.k_tiles < (int64_t(1) << 31),
+              "conv2d_ext: problem too large for the channels_last engine");
+  return g;
+}
 
 // grad_w of a channels_last layer: grad_out, x and grad_w channels_last
 // (grad_w's memory [K][R][S][C]); split over the pixels where tiles are

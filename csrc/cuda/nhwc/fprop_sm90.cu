@@ -1,0 +1,155 @@
+// fprop over channels_last activations on wgmma (sm_90a), TF32 mode.
+//
+// The GEMM, tiles and K-tile gather of fprop.cu (gather.cuh), with the
+// math on warpgroup MMAs: the block's 128 rows are two warpgroups' 64, and
+// each k8 step of a staged K tile is one wgmma per warpgroup that reads A
+// and B from shared memory through 128-byte-swizzle descriptors, so no
+// fragment passes through registers. Every thread still copies: cp.async
+// writes through the generic proxy, so each thread fences its copies to
+// the async proxy before the barrier that hands a stage to wgmma. The
+// tensor cores truncate operands to TF32 (fprop.cu rounds them in
+// registers, which wgmma's shared-memory operands leave no room for).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <cstdint>
+
+#include "../common.cuh"
+#include "../mma.cuh"
+#include "config.h"
+#include "gather.cuh"
+#include "nhwc.h"
+
+namespace conv2d_ext {
+namespace cuda {
+namespace {
+
+namespace cfg = igemm_nhwc;
+constexpr int kBM = 128;  // two warpgroups of 64 rows
+
+template <int BN>
+struct WgmmaTraits {
+  static constexpr int kFrags = BN / 8;  // a warp's n8 accumulator fragments
+  static constexpr int kARows = kBM * nhwc::kChunks / cfg::kThreads;  // rows a thread copies
+  static constexpr int kBRows = BN * nhwc::kChunks / cfg::kThreads;
+  static constexpr int kStageFloats = (kBM + BN) * cfg::kBlockK;
+  static constexpr int kStages = cfg::stages(kBM, BN);
+  static_assert(cfg::kThreads == 256, "two warpgroups");
+};
+
+// Warpgroup wg's products over one staged K tile: its 64 A rows against
+// all BN B rows, k8 step kk 32 bytes into the swizzled 128-byte rows.
+// Retired before returning, so the next barrier frees the stage.
+template <typename T>
+__device__ __forceinline__ void wgmma_stage(float (&acc)[T::kFrags][4], const float* stage,
+                                            int wg) {
+  const uint32_t a = smem_addr(stage) + wg * 64 * cfg::kBlockK * 4;
+  const uint32_t b = smem_addr(stage + kBM * cfg::kBlockK);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < cfg::kBlockK / 8; ++kk)
+    wgmma_tf32_ss(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk), true);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(acc);
+}
+
+// The accumulators (+ bias) to y, [pixel][output channel]. Warp w holds
+// rows 16 w + g and 16 w + g + 8 of the tile (warpgroup w / 4's 64 rows,
+// 16 per warp), fragment j columns 8 j + 2 t and + 1: 8-byte stores.
+template <typename T>
+__device__ __forceinline__ void store_tile(const float (&acc)[T::kFrags][4], const ConvParams& p,
+                                           const float* __restrict__ bias,
+                                           float* __restrict__ y, int m0, int n0, int warp,
+                                           int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t M = p.gemm_m(), N = p.out_channels;
+  const int64_t row = int64_t(m0) + warp * 16 + g;
+#pragma unroll
+  for (int j = 0; j < T::kFrags; ++j) {
+    const int n = n0 + 8 * j + 2 * t;
+    if (n >= N) continue;
+    const float b0 = bias ? bias[n] : 0.f, b1 = bias ? bias[n + 1] : 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = row + 8 * h;
+      if (m >= M) continue;
+      *reinterpret_cast<float2*>(y + m * N + n) =
+          make_float2(acc[j][2 * h] + b0, acc[j][2 * h + 1] + b1);
+    }
+  }
+}
+
+template <int BN>
+__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
+    fprop_nhwc_wgmma_kernel(const ConvParams p, const float* __restrict__ x,
+                            const float* __restrict__ w, const float* __restrict__ bias,
+                            float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles) {
+  using T = WgmmaTraits<BN>;
+  extern __shared__ __align__(128) float smem_base[];
+  float* const smem =
+      smem_base + ((cfg::kWgmmaAlign - (smem_addr(smem_base) & (cfg::kWgmmaAlign - 1))) &
+                   (cfg::kWgmmaAlign - 1)) / 4;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Output-channel tiles vary fastest, as in fprop.cu.
+  const int m0 = static_cast<int>(blockIdx.x / n_tiles) * kBM;
+  const int n0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
+  const int row0 = threadIdx.x / nhwc::kChunks, chunk = threadIdx.x % nhwc::kChunks;
+  const nhwc::ARows<T> a(p, m0, row0);
+  auto load = [&](int kt) {
+    if (kt < k_tiles)
+      nhwc::load_stage<T, kBM, BN>(smem + (kt % T::kStages) * T::kStageFloats, p, a, x, w, n0,
+                                   nhwc::k_tile(p, c_tiles, kt), row0, chunk);
+    cp_async_commit();  // empty groups too: the wait below counts groups
+  };
+
+  float acc[T::kFrags][4];
+#pragma unroll
+  for (int j = 0; j < T::kFrags; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < T::kStages - 1; ++s) load(s);
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<T::kStages - 2>();
+    fence_proxy_async_smem();
+    // Tile kt has landed for every thread and is visible to wgmma, and
+    // both warpgroups have retired their wgmmas on the stage the next copy
+    // overwrites (tile kt - 1's).
+    __syncthreads();
+    load(kt + T::kStages - 1);
+    wgmma_stage<T>(acc, smem + (kt % T::kStages) * T::kStageFloats, warp >> 2);
+  }
+  store_tile<T>(acc, p, bias, y, m0, n0, warp, lane);
+}
+
+template <int BN>
+void launch(const ConvParams& p, const float* x, const float* w, const float* bias, float* y) {
+  const NhwcGrid g = nhwc_fprop_grid(p, {kBM, BN});
+  auto kernel = fprop_nhwc_wgmma_kernel<BN>;
+  const size_t smem = static_cast<size_t>(cfg::wgmma_smem_bytes({kBM, BN}));
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<static_cast<unsigned>(g.m_tiles * g.n_tiles), cfg::kThreads, smem,
+           at::cuda::getCurrentCUDAStream()>>>(p, x, w, bias, y, static_cast<int>(g.n_tiles),
+                                               static_cast<int>(g.c_tiles),
+                                               static_cast<int>(g.k_tiles));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_fprop_nhwc_wgmma(const ConvParams& p, const float* x, const float* w,
+                             const float* bias, float* y, const igemm_nhwc::Tile& tile) {
+  TORCH_CHECK(tile.m == kBM && (tile.n == 128 || tile.n == 64),
+              "conv2d_ext: internal error: no wgmma forward for a ", tile.m, " x ", tile.n,
+              " tile");
+  if (tile.n == 128) {
+    launch<128>(p, x, w, bias, y);
+  } else {
+    launch<64>(p, x, w, bias, y);
+  }
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext
