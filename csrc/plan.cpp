@@ -123,7 +123,8 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
 }
 
 // The channels_last engine, for a channels_last call: TF32 mode, the
-// forward, unit-stride dgrad (its forward over grad_output) and wgrad.
+// forward, dgrad (at unit stride its forward over grad_output, at larger
+// strides one forward per phase) and wgrad.
 // On Hopper, forwards of at most kNhwcFlatMaxChannels input or output
 // channels that the flat sm_90 kernel takes run faster there, on NCHW
 // copies, than on the engine's mma.sync: its K tiles and 64-channel N tiles
@@ -138,7 +139,9 @@ bool nhwc_fprop(const ConvParams& p, int sm) {
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80 || math != MathMode::kTF32) return false;
   if (pass == Pass::kFprop) return nhwc_fprop(p, sm);
-  if (pass == Pass::kDgrad) return dgrad_is_fprop(p) && nhwc_fprop(dgrad_as_fprop(p), sm);
+  if (pass == Pass::kDgrad) {
+    return dgrad_is_fprop(p) ? nhwc_fprop(dgrad_as_fprop(p), sm) : igemm_nhwc::dgrad_phases_fit(p);
+  }
   return option(Option::kNhwcWgrad) && igemm_nhwc::wgrad_fits(p);
 }
 
@@ -336,6 +339,7 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       // itself depends on the GPU's multiprocessor count).
       out << " math=tf32";
       if (which != Pass::kWgrad) out << " wgmma=" << nhwc_wgmma(s);
+      if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();
       break;
     case Algo::kDirect:
       break;

@@ -33,7 +33,18 @@ CASES = {
     # N and K.
     "partial_128x128": (7, 40, 45, 45, 200, 3, 3, 1, 1, 1),
     "partial_128x64": (6, 36, 60, 50, 56, 3, 3, 1, 1, 1),
+    # Strided dgrad by phases, in place; big_* on 128-row tiles.
+    "3x3_s2_dilated": (2, 24, 19, 17, 40, 3, 3, 2, 2, 2),
+    "stride_2x1": (2, 16, 14, 15, 32, 3, 3, (2, 1), 1, 1),
+    "1x1_s2_pad1": (2, 32, 15, 13, 48, 1, 1, 2, 1, 1),  # a phase starts late: not the engine
+    "big_1x1_s2": (16, 48, 89, 91, 64, 1, 1, 2, 0, 1),
+    "big_3x3_s2": (24, 40, 57, 59, 64, 3, 3, 2, 1, 1),
 }
+
+# Whether the engine runs each strided case's dgrad.
+STRIDED_DGRAD = {"1x1_stride2": True, "3x3_stride2": True, "3x3_s2_dilated": True,
+                 "stride_2x1": True, "1x1_s2_pad1": False, "big_1x1_s2": True,
+                 "big_3x3_s2": True}
 
 
 def _operands(case, seed=0):
@@ -63,12 +74,18 @@ def test_forward_and_dgrad_against_float64(case, wgmma):
         sm = torch.cuda.get_device_capability()
         report = ops._kernel("forward", *_args(x, w, kw), 10 * sm[0] + sm[1])
         assert f"wgmma={int(wgmma and is_hopper_build())}" in report, report
-        # dgrad runs as a forward over grad_output: unit stride, and K (its
-        # input channels) in 16-byte rows, C (its outputs) in pairs.
+        # dgrad runs as a forward over grad_output (one per phase at larger
+        # strides): K (its input channels) in 16-byte rows, C (its outputs)
+        # in pairs.
         k, c = w.shape[0], w.shape[1]
-        as_forward = kw["stride"] == 1 and k % 4 == 0 and c % 2 == 0
         got = ops._algorithm("backward_input", *_args(x, w, kw))
-        assert (got == "implicit_gemm_nhwc") == as_forward, got
+        if kw["stride"] == 1:
+            assert (got == "implicit_gemm_nhwc") == (k % 4 == 0 and c % 2 == 0), got
+        elif case in STRIDED_DGRAD:
+            assert (got == "implicit_gemm_nhwc") == STRIDED_DGRAD[case], got
+            if STRIDED_DGRAD[case]:
+                report = ops._kernel("backward_input", *_args(x, w, kw), 10 * sm[0] + sm[1])
+                assert "phases=" in report, report
         xg = x.clone().requires_grad_()
         y = conv2d_ext.conv2d(xg, w, b, **kw)
         assert y.is_contiguous(memory_format=CL)

@@ -2,7 +2,8 @@
 // forward pass (unit stride: dgrad_is_fprop), the forward kernels run it on
 // the transposed, rotated weight; at stride > 1 on tensor-core channel
 // counts, one forward per stride phase of the input (launch_dgrad_phases,
-// below). docs/kernels.md says which kernel runs when.
+// below; on channels_last operands nhwc/dgrad.cu's, in place). docs/kernels.md
+// says which kernel runs when.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -77,8 +78,12 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
       },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
           at::Tensor& grad_in, bool nhwc) {
-        if (nhwc) {  // go, grad_in channels_last; unit stride
-          launch_fprop_nhwc(dgrad_as_fprop(p), go, nhwc_dgrad_weight(w), nullptr, grad_in);
+        if (nhwc) {  // go, grad_in channels_last
+          if (dgrad_is_fprop(p)) {
+            launch_fprop_nhwc(dgrad_as_fprop(p), go, nhwc_dgrad_weight(w), nullptr, grad_in);
+          } else {
+            launch_dgrad_nhwc_phases(p, go, w, grad_in);
+          }
           return;
         }
         const Plan plan = choose_plan(p, Pass::kDgrad, go.scalar_type(), current_sm());

@@ -65,6 +65,31 @@ inline bool fits(const ConvParams& p) {
          p.input_numel() < (int64_t(1) << 40);
 }
 
+// Where the forward's output pixel (image, row, column) starts in y, in
+// floats: dense NHWC, or, for a strided dgrad's phase, every stride-th
+// pixel of grad_input from the phase's first.
+struct OutMap {
+  int64_t image, row, col, base;
+};
+inline OutMap dense_out(const ConvParams& p) {
+  return {p.out_h * p.out_w * p.out_channels, p.out_w * p.out_channels, p.out_channels, 0};
+}
+
+// Strided dgrad by phases (nhwc/dgrad.cu): each phase that some tap reaches
+// is a forward over grad_output (dgrad_phases) that the forward takes and
+// that reads grad_output from its first row and column (padding within the
+// kernel's reach; beyond it a phase starts later, which the gather's
+// image offsets do not describe).
+inline bool dgrad_phases_fit(const ConvParams& p) {
+  if (p.groups != 1 || (p.stride_h == 1 && p.stride_w == 1)) return false;
+  for (const DgradPhase& ph : dgrad_phases(p)) {
+    const ConvParams& f = ph.fprop;
+    if (f.kernel_h == 0 || f.kernel_w == 0) continue;
+    if (ph.row_skip > 0 || ph.col_skip > 0 || !fits(f)) return false;
+  }
+  return true;
+}
+
 // wgrad (nhwc/wgrad.cu): M = K output channels, N = one tap's C input
 // channels, K = N*P*Q pixels. 16-byte rows of both channel counts.
 inline bool wgrad_fits(const ConvParams& p) {

@@ -93,31 +93,33 @@ __device__ __forceinline__ void mma_stage(float (&acc)[T::kMT][T::kNT][4], const
 // two column pairs as 8-byte stores.
 template <typename T>
 __device__ __forceinline__ void store_tile(const float (&acc)[T::kMT][T::kNT][4],
-                                           const ConvParams& p, const float* __restrict__ bias,
+                                           const ConvParams& p, const cfg::OutMap& out,
+                                           const float* __restrict__ bias,
                                            float* __restrict__ y, int m0, int n0, int warp_m,
                                            int warp_n, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const int64_t M = p.gemm_m(), N = p.out_channels;
 #pragma unroll
-  for (int nt = 0; nt < T::kNT; ++nt) {
-    const int n = n0 + warp_n * T::kWarpN + nt * 8 + 2 * t;
-    if (n >= N) continue;
-    const float b0 = bias ? bias[n] : 0.f, b1 = bias ? bias[n + 1] : 0.f;
+  for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
-    for (int mt = 0; mt < T::kMT; ++mt)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = int64_t(m0) + warp_m * T::kWarpM + mt * 16 + g + 8 * h;
+      if (m >= M) continue;
+      float* const row = y + nhwc::out_offset(out, p, m);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t m = int64_t(m0) + warp_m * T::kWarpM + mt * 16 + g + 8 * h;
-        if (m >= M) continue;
-        *reinterpret_cast<float2*>(y + m * N + n) =
+      for (int nt = 0; nt < T::kNT; ++nt) {
+        const int n = n0 + warp_n * T::kWarpN + nt * 8 + 2 * t;
+        if (n >= N) continue;
+        const float b0 = bias ? bias[n] : 0.f, b1 = bias ? bias[n + 1] : 0.f;
+        *reinterpret_cast<float2*>(row + n) =
             make_float2(acc[mt][nt][2 * h] + b0, acc[mt][nt][2 * h + 1] + b1);
       }
-  }
+    }
 }
 
 template <int BM, int BN, int kWarpsM>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
-    fprop_nhwc_kernel(const ConvParams p, const float* __restrict__ x,
+    fprop_nhwc_kernel(const ConvParams p, const cfg::OutMap out, const float* __restrict__ x,
                       const float* __restrict__ w, const float* __restrict__ bias,
                       float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles) {
   using T = Traits<BM, BN, kWarpsM>;
@@ -150,17 +152,19 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     load(kt + T::kStages - 1);
     mma_stage<T, BM>(acc, smem + (kt % T::kStages) * T::kStageFloats, warp_m, warp_n, lane);
   }
-  store_tile<T>(acc, p, bias, y, m0, n0, warp_m, warp_n, lane);
+  store_tile<T>(acc, p, out, bias, y, m0, n0, warp_m, warp_n, lane);
 }
 
 template <int BM, int BN, int kWarpsM>
-void launch(const ConvParams& p, const float* x, const float* w, const float* bias, float* y) {
+void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const float* w,
+            const float* bias, float* y) {
   const NhwcGrid g = nhwc_fprop_grid(p, {BM, BN});
   auto kernel = fprop_nhwc_kernel<BM, BN, kWarpsM>;
   const size_t smem = static_cast<size_t>(cfg::smem_bytes({BM, BN}));
   ensure_dynamic_smem(kernel, smem);
   kernel<<<static_cast<unsigned>(g.m_tiles * g.n_tiles), cfg::kThreads, smem,
-           at::cuda::getCurrentCUDAStream()>>>(p, x, w, bias, y, static_cast<int>(g.n_tiles),
+           at::cuda::getCurrentCUDAStream()>>>(p, out, x, w, bias, y,
+                                               static_cast<int>(g.n_tiles),
                                                static_cast<int>(g.c_tiles),
                                                static_cast<int>(g.k_tiles));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -170,8 +174,14 @@ void launch(const ConvParams& p, const float* x, const float* w, const float* bi
 
 void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
                        const float* bias, at::Tensor& y) {
+  launch_fprop_nhwc(p, cfg::dense_out(p), x, w_nrsc, bias, y);
+}
+
+void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Tensor& x,
+                       const at::Tensor& w_nrsc, const float* bias, at::Tensor& y) {
   TORCH_CHECK(cfg::fits(p) && x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
-                  y.is_contiguous(at::MemoryFormat::ChannelsLast) && w_nrsc.is_contiguous(),
+                  y.is_contiguous(at::MemoryFormat::ChannelsLast) && w_nrsc.is_contiguous() &&
+                  y.size(1) == p.out_channels,
               "conv2d_ext: internal error: the channels_last engine got operands it does not "
               "take");
   const at::Tensor xa = aligned_16(x, at::MemoryFormat::ChannelsLast);
@@ -183,13 +193,13 @@ void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tenso
       p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, nhwc_wgmma(current_sm()));
   const cfg::Tile t = k.tile;
   if (k.wgmma) {
-    launch_fprop_nhwc_wgmma(p, xp, wp, bias, yp, t);
+    launch_fprop_nhwc_wgmma(p, out, xp, wp, bias, yp, t);
   } else if (t.m == 128 && t.n == 128) {
-    launch<128, 128, 2>(p, xp, wp, bias, yp);
+    launch<128, 128, 2>(p, out, xp, wp, bias, yp);
   } else if (t.m == 128) {
-    launch<128, 64, 4>(p, xp, wp, bias, yp);
+    launch<128, 64, 4>(p, out, xp, wp, bias, yp);
   } else {
-    launch<64, 64, 2>(p, xp, wp, bias, yp);
+    launch<64, 64, 2>(p, out, xp, wp, bias, yp);
   }
 }
 

@@ -60,22 +60,23 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[T::kFrags][4], const fl
 // 16 per warp), fragment j columns 8 j + 2 t and + 1: 8-byte stores.
 template <typename T>
 __device__ __forceinline__ void store_tile(const float (&acc)[T::kFrags][4], const ConvParams& p,
+                                           const cfg::OutMap& out,
                                            const float* __restrict__ bias,
                                            float* __restrict__ y, int m0, int n0, int warp,
                                            int lane) {
   const int g = lane >> 2, t = lane & 3;
   const int64_t M = p.gemm_m(), N = p.out_channels;
-  const int64_t row = int64_t(m0) + warp * 16 + g;
 #pragma unroll
-  for (int j = 0; j < T::kFrags; ++j) {
-    const int n = n0 + 8 * j + 2 * t;
-    if (n >= N) continue;
-    const float b0 = bias ? bias[n] : 0.f, b1 = bias ? bias[n + 1] : 0.f;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t m = int64_t(m0) + warp * 16 + g + 8 * h;
+    if (m >= M) continue;
+    float* const row = y + nhwc::out_offset(out, p, m);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t m = row + 8 * h;
-      if (m >= M) continue;
-      *reinterpret_cast<float2*>(y + m * N + n) =
+    for (int j = 0; j < T::kFrags; ++j) {
+      const int n = n0 + 8 * j + 2 * t;
+      if (n >= N) continue;
+      const float b0 = bias ? bias[n] : 0.f, b1 = bias ? bias[n + 1] : 0.f;
+      *reinterpret_cast<float2*>(row + n) =
           make_float2(acc[j][2 * h] + b0, acc[j][2 * h + 1] + b1);
     }
   }
@@ -83,7 +84,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[T::kFrags][4], con
 
 template <int BN>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
-    fprop_nhwc_wgmma_kernel(const ConvParams p, const float* __restrict__ x,
+    fprop_nhwc_wgmma_kernel(const ConvParams p, const cfg::OutMap out, const float* __restrict__ x,
                             const float* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles) {
   using T = WgmmaTraits<BN>;
@@ -121,17 +122,19 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     load(kt + T::kStages - 1);
     wgmma_stage<T>(acc, smem + (kt % T::kStages) * T::kStageFloats, warp >> 2);
   }
-  store_tile<T>(acc, p, bias, y, m0, n0, warp, lane);
+  store_tile<T>(acc, p, out, bias, y, m0, n0, warp, lane);
 }
 
 template <int BN>
-void launch(const ConvParams& p, const float* x, const float* w, const float* bias, float* y) {
+void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const float* w,
+            const float* bias, float* y) {
   const NhwcGrid g = nhwc_fprop_grid(p, {kBM, BN});
   auto kernel = fprop_nhwc_wgmma_kernel<BN>;
   const size_t smem = static_cast<size_t>(cfg::wgmma_smem_bytes({kBM, BN}));
   ensure_dynamic_smem(kernel, smem);
   kernel<<<static_cast<unsigned>(g.m_tiles * g.n_tiles), cfg::kThreads, smem,
-           at::cuda::getCurrentCUDAStream()>>>(p, x, w, bias, y, static_cast<int>(g.n_tiles),
+           at::cuda::getCurrentCUDAStream()>>>(p, out, x, w, bias, y,
+                                               static_cast<int>(g.n_tiles),
                                                static_cast<int>(g.c_tiles),
                                                static_cast<int>(g.k_tiles));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -139,15 +142,16 @@ void launch(const ConvParams& p, const float* x, const float* w, const float* bi
 
 }  // namespace
 
-void launch_fprop_nhwc_wgmma(const ConvParams& p, const float* x, const float* w,
-                             const float* bias, float* y, const igemm_nhwc::Tile& tile) {
+void launch_fprop_nhwc_wgmma(const ConvParams& p, const igemm_nhwc::OutMap& out, const float* x,
+                             const float* w, const float* bias, float* y,
+                             const igemm_nhwc::Tile& tile) {
   TORCH_CHECK(tile.m == kBM && (tile.n == 128 || tile.n == 64),
               "conv2d_ext: internal error: no wgmma forward for a ", tile.m, " x ", tile.n,
               " tile");
   if (tile.n == 128) {
-    launch<128>(p, x, w, bias, y);
+    launch<128>(p, out, x, w, bias, y);
   } else {
-    launch<64>(p, x, w, bias, y);
+    launch<64>(p, out, x, w, bias, y);
   }
 }
 

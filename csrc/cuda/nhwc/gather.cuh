@@ -94,6 +94,15 @@ __device__ __forceinline__ void load_stage(float* stage, const ConvParams& p, co
   }
 }
 
+// Where output row m (a pixel of the GEMM's M) starts in y.
+__device__ __forceinline__ int64_t out_offset(const cfg::OutMap& o, const ConvParams& p,
+                                              int64_t m) {
+  const int64_t pq = p.out_h * p.out_w;
+  const int64_t img = m / pq, rest = m - img * pq;
+  const int64_t oh = rest / p.out_w, ow = rest - oh * p.out_w;
+  return o.base + img * o.image + oh * o.row + ow * o.col;
+}
+
 }  // namespace nhwc
 }  // namespace cuda
 }  // namespace conv2d_ext

@@ -21,10 +21,22 @@ namespace cuda {
 void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
                        const float* bias, at::Tensor& y);
 
+// The same, writing output pixels where `out` places them in y's memory
+// (y channels_last, p.out_channels channels).
+void launch_fprop_nhwc(const ConvParams& p, const igemm_nhwc::OutMap& out, const at::Tensor& x,
+                       const at::Tensor& w_nrsc, const float* bias, at::Tensor& y);
+
+// grad_input of a strided layer (igemm_nhwc::dgrad_phases_fit): one forward
+// per stride phase, each writing its pixels of grad_input in place; phases
+// no tap reaches are zeroed.
+void launch_dgrad_nhwc_phases(const ConvParams& p, const at::Tensor& grad_out,
+                              const at::Tensor& w, at::Tensor& grad_in);
+
 // The forward's tile on wgmma (fprop_sm90.cu; 128 x 128 or 128 x 64),
 // launched by launch_fprop_nhwc with its operands checked.
-void launch_fprop_nhwc_wgmma(const ConvParams& p, const float* x, const float* w,
-                             const float* bias, float* y, const igemm_nhwc::Tile& tile);
+void launch_fprop_nhwc_wgmma(const ConvParams& p, const igemm_nhwc::OutMap& out, const float* x,
+                             const float* w, const float* bias, float* y,
+                             const igemm_nhwc::Tile& tile);
 
 // The forward's grid: M x N tiles, and K tiles of 32 channels per tap.
 struct NhwcGrid {

@@ -1,0 +1,49 @@
+// Strided dgrad over channels_last operands: one engine forward per stride
+// phase (dgrad_phases in conv_params.h), each over grad_output with its
+// sub-kernel, writing its pixels of grad_input in place through the
+// forward's output map, so no multiply-add touches the zeros a stride
+// inserts and no phase result is copied. Host code only.
+#include <ATen/ATen.h>
+
+#include "../../conv_params.h"
+#include "config.h"
+#include "nhwc.h"
+
+namespace conv2d_ext {
+namespace cuda {
+
+void launch_dgrad_nhwc_phases(const ConvParams& p, const at::Tensor& grad_out,
+                              const at::Tensor& w, at::Tensor& grad_in) {
+  TORCH_CHECK(igemm_nhwc::dgrad_phases_fit(p) &&
+                  grad_in.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "conv2d_ext: internal error: the channels_last strided dgrad got a layer it "
+              "does not take");
+  // The weight as [C][K][R][S], flipped, so that a phase's sub-kernel is a
+  // strided slice of it (as launch_dgrad_phases in ../dgrad.cu).
+  const at::Tensor flipped = w.transpose(0, 1).flip({2, 3});
+  const int64_t row_pitch = p.in_w * p.in_channels;
+  for (const DgradPhase& ph : dgrad_phases(p)) {
+    const ConvParams& f = ph.fprop;
+    if (f.kernel_h == 0 || f.kernel_w == 0) {
+      grad_in.slice(2, ph.row0, p.in_h, p.stride_h)
+          .slice(3, ph.col0, p.in_w, p.stride_w)
+          .zero_();
+      continue;
+    }
+    // Sub-kernel row u is kernel row kh_last - u * kh_step: flipped row
+    // KH - 1 - kh_last + u * kh_step. As the forward's [N][R][S][C] weight.
+    const at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
+                               .slice(3, p.kernel_w - 1 - ph.kw_last, p.kernel_w, ph.kw_step)
+                               .permute({0, 2, 3, 1})
+                               .contiguous();
+    TORCH_CHECK(sub.size(1) == f.kernel_h && sub.size(2) == f.kernel_w,
+                "conv2d_ext: internal error: dgrad phase sub-kernel ", sub.sizes());
+    const igemm_nhwc::OutMap out{p.in_h * row_pitch, p.stride_h * row_pitch,
+                                 p.stride_w * p.in_channels,
+                                 ph.row0 * row_pitch + ph.col0 * p.in_channels};
+    launch_fprop_nhwc(f, out, grad_out, sub, nullptr, grad_in);
+  }
+}
+
+}  // namespace cuda
+}  // namespace conv2d_ext
