@@ -136,13 +136,22 @@ bool nhwc_fprop(const ConvParams& p, int sm) {
            std::min(p.in_channels, p.out_channels) <= kNhwcFlatMaxChannels &&
            igemm_fprop_sm90_flat::fits(p, false));
 }
+// wgrad likewise: the engine's N tile is one tap's input channels, so it
+// reads both operands once per tap, where the sm_90 wgrad reads them once;
+// with few channels and many taps that traffic dominates.
+bool nhwc_wgrad(const ConvParams& p, int sm) {
+  if (!option(Option::kNhwcWgrad) || !igemm_nhwc::wgrad_fits(p)) return false;
+  return !(hopper_kernels(sm) &&
+           std::min(p.in_channels, p.out_channels) <= kNhwcFlatMaxChannels &&
+           igemm_wgrad_sm90::fits(p, false));
+}
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80 || math != MathMode::kTF32) return false;
   if (pass == Pass::kFprop) return nhwc_fprop(p, sm);
   if (pass == Pass::kDgrad) {
     return dgrad_is_fprop(p) ? nhwc_fprop(dgrad_as_fprop(p), sm) : igemm_nhwc::dgrad_phases_fit(p);
   }
-  return option(Option::kNhwcWgrad) && igemm_nhwc::wgrad_fits(p);
+  return nhwc_wgrad(p, sm);
 }
 
 }  // namespace

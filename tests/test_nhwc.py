@@ -186,9 +186,11 @@ WGRAD_CASES = sorted(CASES)
 @cuda_only
 @pytest.mark.parametrize("case", WGRAD_CASES)
 def test_wgrad_against_float64(case):
+    """Without the Hopper kernels, so that layers of at most 32 channels
+    (which on Hopper keep the sm_90 wgrad) run the engine too."""
     x, w, b, kw = _operands(case)
     k, c = w.shape[0], w.shape[1]
-    with tf32_mode(True):
+    with tf32_mode(True), option("hopper_kernels", False):
         got = ops._algorithm("backward_weight", *_args(x, w, kw))
         assert (got == "implicit_gemm_nhwc") == (k % 4 == 0 and c % 4 == 0), got
         wg = w.clone().requires_grad_()
@@ -216,5 +218,25 @@ def test_wgrad_switched_off_runs_the_nchw_kernels_on_copies():
     assert gw.stride() == w.stride()
     _, _, gw64, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
                               grad_out=gy)
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "tf32", pixels)
+
+
+@cuda_only
+def test_hopper_keeps_32_channel_wgrad_on_the_sm90_kernel():
+    """A seed-like layer (32 -> 64 channels, 5 x 9 taps) keeps the sm_90
+    wgrad where a Hopper build runs: the engine would read its operands
+    once per tap."""
+    x = torch.randn(2, 32, 40, 40, device="cuda").to(memory_format=CL)
+    w = torch.randn(64, 32, 5, 9, device="cuda").to(memory_format=CL)
+    with tf32_mode(True):
+        got = ops._algorithm("backward_weight", x, w, [1, 1], [2, 4], [1, 1], 1)
+        wg = w.clone().requires_grad_()
+        y = conv2d_ext.conv2d(x, wg, padding=(2, 4))
+        gy = torch.randn_like(y)
+        (gw,) = torch.autograd.grad(y, [wg], gy)
+    assert got == ("implicit_gemm_sm90" if is_hopper_build() else "implicit_gemm_nhwc")
+    assert gw.stride() == w.stride()
+    _, _, gw64 = reference(x, w, None, 1, (2, 4), 1, 1, grad_out=gy)
     pixels = y.shape[0] * y.shape[2] * y.shape[3]
     assert rel_err(gw, gw64) <= tolerance(torch.float32, "tf32", pixels)
