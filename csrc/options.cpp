@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 13> kEntries{{
+constexpr std::array<Entry, 14> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -28,8 +28,9 @@ constexpr std::array<Entry, 13> kEntries{{
     {"nhwc_kernels", true},
     {"nhwc_wgrad", true},
     {"nhwc_wgmma", true},
+    {"nhwc_split_k", false},
 }};
-static_assert(static_cast<int>(Option::kNhwcWgmma) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcSplitK) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

@@ -49,6 +49,10 @@ enum class Option : int {
   // On Hopper the engine's 128-row forward tiles run on wgmma; off keeps
   // its mma.sync kernel covered there.
   kNhwcWgmma,
+  // On Hopper the engine's forward splits K over slices where its 128-row
+  // tiles cannot fill the SMs (off by default until measured on a GPU;
+  // tests switch it on).
+  kNhwcSplitK,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

@@ -70,6 +70,10 @@ bool few_channels_wgrad_sm90(int sm);
 // wgmma: hopper_kernels(sm) and Option::kNhwcWgmma.
 bool nhwc_wgmma(int sm);
 
+// Whether that forward may split K where its 128-row tiles are few:
+// nhwc_wgmma(sm) and Option::kNhwcSplitK.
+bool nhwc_split_k(int sm);
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 // `channels_last`: the result is channels_last (result_memory_format), so
 // the channels_last engine may take the call.

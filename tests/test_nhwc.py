@@ -39,12 +39,15 @@ CASES = {
     "1x1_s2_pad1": (2, 32, 15, 13, 48, 1, 1, 2, 1, 1),  # a phase starts late: not the engine
     "big_1x1_s2": (16, 48, 89, 91, 64, 1, 1, 2, 0, 1),
     "big_3x3_s2": (24, 40, 57, 59, 64, 3, 3, 2, 1, 1),
+    # Few 128-row tiles over long K: split-K (option nhwc_split_k).
+    "deep_7x7": (4, 256, 7, 7, 192, 3, 3, 1, 1, 1),
+    "deep_s2": (4, 96, 13, 13, 256, 3, 3, 2, 1, 1),
 }
 
 # Whether the engine runs each strided case's dgrad.
 STRIDED_DGRAD = {"1x1_stride2": True, "3x3_stride2": True, "3x3_s2_dilated": True,
                  "stride_2x1": True, "1x1_s2_pad1": False, "big_1x1_s2": True,
-                 "big_3x3_s2": True}
+                 "big_3x3_s2": True, "deep_s2": True}
 
 
 def _operands(case, seed=0):
@@ -242,3 +245,36 @@ def test_hopper_keeps_32_channel_wgrad_on_the_sm90_kernel():
     _, _, gw64 = reference(x, w, None, 1, (2, 4), 1, 1, grad_out=gy)
     pixels = y.shape[0] * y.shape[2] * y.shape[3]
     assert rel_err(gw, gw64) <= tolerance(torch.float32, "tf32", pixels)
+
+
+@cuda_only
+@pytest.mark.parametrize("case", ["r50_3x3_7x7_plane", "deep_7x7", "deep_s2"])
+def test_split_k_against_float64(case):
+    """The wgmma forward with K split over slices where its 128-row tiles
+    are few (Hopper; option nhwc_split_k): the forward and dgrad (deep_s2:
+    strided, by phases) against float64, bitwise repeatable, and on Hopper
+    not the unsplit bits (the slices' sums are added in another order)."""
+    x, w, b, kw = _operands(case)
+    k, c = w.shape[0], w.shape[1]
+
+    def run():
+        xg = x.clone().requires_grad_()
+        y = conv2d_ext.conv2d(xg, w, b, **kw)
+        (gx,) = torch.autograd.grad(y, [xg], gy)
+        return y, gx
+
+    with tf32_mode(True):
+        gy = torch.randn_like(conv2d_ext.conv2d(x, w, b, **kw))
+        y0, gx0 = run()
+        with option("nhwc_split_k", True):
+            y, gx = run()
+            y2, gx2 = run()
+    assert torch.equal(y, y2) and torch.equal(gx, gx2), "not bitwise reproducible"
+    if is_hopper_build():
+        assert not torch.equal(y, y0), "the forward did not split K"
+        assert not torch.equal(gx, gx0), "dgrad did not split K"
+    y64, gx64, _, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
+                                grad_out=gy)
+    taps = w.shape[2] * w.shape[3]
+    assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", c * taps)
+    assert rel_err(gx, gx64) <= tolerance(torch.float32, "tf32", k * taps)

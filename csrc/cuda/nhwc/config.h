@@ -4,6 +4,7 @@
 // weights hold them), so both operands are K-major and tiles span images.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../../conv_params.h"
@@ -43,13 +44,37 @@ inline int64_t smem_bytes(const Tile& t) {
 // wgmma per k8 step reading both operands from the swizzled stages, where
 // mma.sync needs a warp's fragments loaded and issued one m16n8 at a time.
 // 64 x 64 tiles stay on mma.sync.
+//
+// With `split_k` (Hopper), a problem whose 128-row tiles cannot give every
+// SM a block takes them anyway, with its K tiles split over slices that
+// fill about one wave of blocks, kMinSliceTiles K tiles a slice at least;
+// the slices' partial sums are added in slice order (bitwise repeatable).
+// Small planes with many channels (7x7 and 14x14 with 512) are such: on
+// 64 x 64 tiles each block walks thousands of K channels alone.
 struct FpropKernel {
   Tile tile;
   bool wgmma;
+  int splits;  // K slices; 1: no split
+  int64_t tiles_per_split;  // K tiles of a slice
 };
-inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper) {
+constexpr int64_t kMinSliceTiles = 8;
+inline int64_t k_tiles(const ConvParams& p) {
+  return p.taps() * ((p.in_channels + kBlockK - 1) / kBlockK);
+}
+inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper, bool split_k) {
   const Tile t = choose_tile(p, sms);
-  return {t, hopper && t.m == 128};
+  const int64_t kt = k_tiles(p);
+  if (hopper && split_k && t.m != 128) {
+    const Tile w{128, p.out_channels > 64 ? 128 : 64};
+    const int64_t tiles = ((p.gemm_m() + w.m - 1) / w.m) * ((p.out_channels + w.n - 1) / w.n);
+    const int64_t want = std::min<int64_t>(int64_t(kBlocksPerSm) * sms / tiles,
+                                           kt / kMinSliceTiles);
+    if (want >= 2) {
+      const int64_t per = (kt + want - 1) / want;
+      return {w, true, static_cast<int>((kt + per - 1) / per), per};
+    }
+  }
+  return {t, hopper && t.m == 128, 1, kt};
 }
 
 // wgmma reads the swizzle from 1024-byte aligned atoms: the stages, plus

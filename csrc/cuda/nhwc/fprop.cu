@@ -189,11 +189,13 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
   const float* xp = xa.data_ptr<float>();
   const float* wp = wa.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const cfg::FpropKernel k = cfg::choose_fprop(
-      p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, nhwc_wgmma(current_sm()));
+  const int sm = current_sm();
+  const cfg::FpropKernel k =
+      cfg::choose_fprop(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
+                        nhwc_wgmma(sm), nhwc_split_k(sm));
   const cfg::Tile t = k.tile;
   if (k.wgmma) {
-    launch_fprop_nhwc_wgmma(p, out, xp, wp, bias, yp, t);
+    launch_fprop_nhwc_wgmma(p, out, xp, wp, bias, yp, k);
   } else if (t.m == 128 && t.n == 128) {
     launch<128, 128, 2>(p, out, xp, wp, bias, yp);
   } else if (t.m == 128) {

@@ -9,10 +9,15 @@
 // the async proxy before the barrier that hands a stage to wgmma. The
 // tensor cores truncate operands to TF32 (fprop.cu rounds them in
 // registers, which wgmma's shared-memory operands leave no room for).
+// Where config.h's choose_fprop splits K, grid.y is the slice: each slice
+// writes its partial sums to a workspace [slice][M][N], and a second
+// kernel adds them in slice order, with the bias, into y.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../common.cuh"
@@ -86,7 +91,8 @@ template <int BN>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     fprop_nhwc_wgmma_kernel(const ConvParams p, const cfg::OutMap out, const float* __restrict__ x,
                             const float* __restrict__ w, const float* __restrict__ bias,
-                            float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles) {
+                            float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles,
+                            int tiles_per_split, int64_t split_floats) {
   using T = WgmmaTraits<BN>;
   extern __shared__ __align__(128) float smem_base[];
   float* const smem =
@@ -98,10 +104,14 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   const int n0 = static_cast<int>(blockIdx.x % n_tiles) * BN;
   const int row0 = threadIdx.x / nhwc::kChunks, chunk = threadIdx.x % nhwc::kChunks;
   const nhwc::ARows<T> a(p, m0, row0);
+  // This block's slice of the K tiles (all of them where K is not split).
+  const int kt0 = static_cast<int>(blockIdx.y) * tiles_per_split;
+  const int kts = min(k_tiles - kt0, tiles_per_split);
+  y += blockIdx.y * split_floats;
   auto load = [&](int kt) {
-    if (kt < k_tiles)
+    if (kt < kts)
       nhwc::load_stage<T, kBM, BN>(smem + (kt % T::kStages) * T::kStageFloats, p, a, x, w, n0,
-                                   nhwc::k_tile(p, c_tiles, kt), row0, chunk);
+                                   nhwc::k_tile(p, c_tiles, kt0 + kt), row0, chunk);
     cp_async_commit();  // empty groups too: the wait below counts groups
   };
 
@@ -112,7 +122,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
 #pragma unroll
   for (int s = 0; s < T::kStages - 1; ++s) load(s);
-  for (int kt = 0; kt < k_tiles; ++kt) {
+  for (int kt = 0; kt < kts; ++kt) {
     cp_async_wait<T::kStages - 2>();
     fence_proxy_async_smem();
     // Tile kt has landed for every thread and is visible to wgmma, and
@@ -125,18 +135,53 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   store_tile<T>(acc, p, out, bias, y, m0, n0, warp, lane);
 }
 
+// y (through `out`) = the slices' partial sums [slice][M][N], added in
+// slice order, + bias.
+__global__ void __launch_bounds__(kThreads)
+    add_slices_kernel(const ConvParams p, const cfg::OutMap out,
+                      const float* __restrict__ partial, int splits,
+                      const float* __restrict__ bias, float* __restrict__ y) {
+  const int64_t n_count = p.out_channels, mn = p.gemm_m() * n_count;
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < mn;
+       i += int64_t(gridDim.x) * kThreads) {
+    const int64_t m = i / n_count, n = i - m * n_count;
+    float sum = 0.f;
+    for (int s = 0; s < splits; ++s) sum += partial[s * mn + i];
+    y[nhwc::out_offset(out, p, m) + n] = sum + (bias ? bias[n] : 0.f);
+  }
+}
+
 template <int BN>
 void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const float* w,
-            const float* bias, float* y) {
+            const float* bias, float* y, const cfg::FpropKernel& k) {
   const NhwcGrid g = nhwc_fprop_grid(p, {kBM, BN});
+  TORCH_CHECK(k.splits >= 1 && k.splits * k.tiles_per_split >= g.k_tiles &&
+                  (k.splits - 1) * k.tiles_per_split < g.k_tiles,
+              "conv2d_ext: internal error: K slices do not cover the K tiles");
   auto kernel = fprop_nhwc_wgmma_kernel<BN>;
   const size_t smem = static_cast<size_t>(cfg::wgmma_smem_bytes({kBM, BN}));
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<static_cast<unsigned>(g.m_tiles * g.n_tiles), cfg::kThreads, smem,
-           at::cuda::getCurrentCUDAStream()>>>(p, out, x, w, bias, y,
-                                               static_cast<int>(g.n_tiles),
-                                               static_cast<int>(g.c_tiles),
-                                               static_cast<int>(g.k_tiles));
+  const dim3 grid(static_cast<unsigned>(g.m_tiles * g.n_tiles), static_cast<unsigned>(k.splits));
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  if (k.splits == 1) {
+    kernel<<<grid, cfg::kThreads, smem, stream>>>(
+        p, out, x, w, bias, y, static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles),
+        static_cast<int>(g.k_tiles), static_cast<int>(g.k_tiles), 0);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  // Each slice's partial sums, dense [M][N], no bias; then their sum.
+  const int64_t mn = p.gemm_m() * p.out_channels;
+  const at::Tensor partial = at::empty(
+      {k.splits, mn}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()));
+  kernel<<<grid, cfg::kThreads, smem, stream>>>(
+      p, cfg::dense_out(p), x, w, nullptr, partial.data_ptr<float>(),
+      static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles), static_cast<int>(g.k_tiles),
+      static_cast<int>(k.tiles_per_split), mn);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(mn, kThreads), 65535));
+  add_slices_kernel<<<blocks, kThreads, 0, stream>>>(p, out, partial.data_ptr<float>(), k.splits,
+                                                     bias, y);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -144,14 +189,14 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const f
 
 void launch_fprop_nhwc_wgmma(const ConvParams& p, const igemm_nhwc::OutMap& out, const float* x,
                              const float* w, const float* bias, float* y,
-                             const igemm_nhwc::Tile& tile) {
-  TORCH_CHECK(tile.m == kBM && (tile.n == 128 || tile.n == 64),
-              "conv2d_ext: internal error: no wgmma forward for a ", tile.m, " x ", tile.n,
+                             const igemm_nhwc::FpropKernel& k) {
+  TORCH_CHECK(k.tile.m == kBM && (k.tile.n == 128 || k.tile.n == 64),
+              "conv2d_ext: internal error: no wgmma forward for a ", k.tile.m, " x ", k.tile.n,
               " tile");
-  if (tile.n == 128) {
-    launch<128>(p, out, x, w, bias, y);
+  if (k.tile.n == 128) {
+    launch<128>(p, out, x, w, bias, y, k);
   } else {
-    launch<64>(p, out, x, w, bias, y);
+    launch<64>(p, out, x, w, bias, y, k);
   }
 }
 

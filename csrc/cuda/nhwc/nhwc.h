@@ -32,11 +32,12 @@ void launch_fprop_nhwc(const ConvParams& p, const igemm_nhwc::OutMap& out, const
 void launch_dgrad_nhwc_phases(const ConvParams& p, const at::Tensor& grad_out,
                               const at::Tensor& w, at::Tensor& grad_in);
 
-// The forward's tile on wgmma (fprop_sm90.cu; 128 x 128 or 128 x 64),
-// launched by launch_fprop_nhwc with its operands checked.
+// The forward on wgmma (fprop_sm90.cu; 128 x 128 or 128 x 64 tiles, K
+// split as `k` says), launched by launch_fprop_nhwc with its operands
+// checked.
 void launch_fprop_nhwc_wgmma(const ConvParams& p, const igemm_nhwc::OutMap& out, const float* x,
                              const float* w, const float* bias, float* y,
-                             const igemm_nhwc::Tile& tile);
+                             const igemm_nhwc::FpropKernel& k);
 
 // The forward's grid: M x N tiles, and K tiles of 32 channels per tap.
 struct NhwcGrid {
@@ -45,8 +46,7 @@ struct NhwcGrid {
 inline NhwcGrid nhwc_fprop_grid(const ConvParams& p, const igemm_nhwc::Tile& t) {
   const int64_t bk = igemm_nhwc::kBlockK;
   NhwcGrid g{(p.gemm_m() + t.m - 1) / t.m, (p.out_channels + t.n - 1) / t.n,
-              (p.in_channels + bk - 1) / bk, 0};
-  g.k_tiles = p.taps() * g.c_tiles;
+              (p.in_channels + bk - 1) / bk, igemm_nhwc::k_tiles(p)};
   TORCH_CHECK(g.m_tiles * g.n_tiles < (int64_t(1) << 31) && g.k_tiles < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the channels_last engine");
   return g;
