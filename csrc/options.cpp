@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 14> kEntries{{
+constexpr std::array<Entry, 15> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -29,8 +29,9 @@ constexpr std::array<Entry, 14> kEntries{{
     {"nhwc_wgrad", true},
     {"nhwc_wgmma", true},
     {"nhwc_split_k", false},
+    {"nhwc_wide_tiles", false},
 }};
-static_assert(static_cast<int>(Option::kNhwcSplitK) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcWideTiles) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

@@ -53,6 +53,9 @@ enum class Option : int {
   // tiles cannot fill the SMs (off by default until measured on a GPU;
   // tests switch it on).
   kNhwcSplitK,
+  // On Hopper the engine's forward takes 128 x 256 tiles where at least
+  // 256 output channels fill the SMs (off by default until measured).
+  kNhwcWideTiles,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

@@ -33,6 +33,8 @@ bool nhwc_wgmma(int sm) { return hopper_kernels(sm) && option(Option::kNhwcWgmma
 
 bool nhwc_split_k(int sm) { return nhwc_wgmma(sm) && option(Option::kNhwcSplitK); }
 
+bool nhwc_wide_tiles(int sm) { return nhwc_wgmma(sm) && option(Option::kNhwcWideTiles); }
+
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws
   // when conv and RNN flags differ; ask for convolutions explicitly.

@@ -74,6 +74,10 @@ bool nhwc_wgmma(int sm);
 // nhwc_wgmma(sm) and Option::kNhwcSplitK.
 bool nhwc_split_k(int sm);
 
+// Whether it may take 128 x 256 tiles: nhwc_wgmma(sm) and
+// Option::kNhwcWideTiles.
+bool nhwc_wide_tiles(int sm);
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 // `channels_last`: the result is channels_last (result_memory_format), so
 // the channels_last engine may take the call.

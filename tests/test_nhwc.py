@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import conv2d_ext
-from utils import (cuda_only, is_hopper_build, option, reference, rel_err, tf32_mode,
-                   tolerance)
+from utils import (cuda_kernel_names, cuda_only, is_hopper_build, option, reference, rel_err,
+                   tf32_mode, tolerance)
 
 CL = torch.channels_last
 ops = torch.ops.conv2d_ext
@@ -42,6 +42,8 @@ CASES = {
     # Few 128-row tiles over long K: split-K (option nhwc_split_k).
     "deep_7x7": (4, 256, 7, 7, 192, 3, 3, 1, 1, 1),
     "deep_s2": (4, 96, 13, 13, 256, 3, 3, 2, 1, 1),
+    # 128 x 256 forward tiles (option nhwc_wide_tiles), partial in M, N, K.
+    "wide_partial": (6, 40, 47, 61, 320, 3, 3, 1, 1, 1),
 }
 
 # Whether the engine runs each strided case's dgrad.
@@ -253,7 +255,7 @@ def test_split_k_against_float64(case):
     """The wgmma forward with K split over slices where its 128-row tiles
     are few (Hopper; option nhwc_split_k): the forward and dgrad (deep_s2:
     strided, by phases) against float64, bitwise repeatable, and on Hopper
-    not the unsplit bits (the slices' sums are added in another order)."""
+    with the slices' sum launched."""
     x, w, b, kw = _operands(case)
     k, c = w.shape[0], w.shape[1]
 
@@ -265,16 +267,34 @@ def test_split_k_against_float64(case):
 
     with tf32_mode(True):
         gy = torch.randn_like(conv2d_ext.conv2d(x, w, b, **kw))
-        y0, gx0 = run()
         with option("nhwc_split_k", True):
             y, gx = run()
             y2, gx2 = run()
+            fwd_kernels = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w, b, **kw))
+            dgrad_kernels = cuda_kernel_names(run)
     assert torch.equal(y, y2) and torch.equal(gx, gx2), "not bitwise reproducible"
     if is_hopper_build():
-        assert not torch.equal(y, y0), "the forward did not split K"
-        assert not torch.equal(gx, gx0), "dgrad did not split K"
+        assert any("add_slices_kernel" in k for k in fwd_kernels), fwd_kernels
+        assert sum("add_slices_kernel" in k for k in dgrad_kernels) >= 2, dgrad_kernels
     y64, gx64, _, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
                                 grad_out=gy)
     taps = w.shape[2] * w.shape[3]
     assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", c * taps)
     assert rel_err(gx, gx64) <= tolerance(torch.float32, "tf32", k * taps)
+
+
+@cuda_only
+@pytest.mark.parametrize("case", ["big_128x128_tiles", "wide_partial"])
+def test_wide_tiles_against_float64(case):
+    """128 x 256 forward tiles (Hopper; option nhwc_wide_tiles) against
+    float64, bitwise repeatable, and on Hopper launched."""
+    x, w, b, kw = _operands(case)
+    with tf32_mode(True), option("nhwc_wide_tiles", True):
+        y = conv2d_ext.conv2d(x, w, b, **kw)
+        y2 = conv2d_ext.conv2d(x, w, b, **kw)
+        kernels = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w, b, **kw))
+    assert torch.equal(y, y2), "not bitwise reproducible"
+    if is_hopper_build():
+        assert any("fprop_nhwc_wgmma_kernel<256>" in k for k in kernels), kernels
+    y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1)
+    assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", w[0].numel())

@@ -10,7 +10,8 @@ ops = torch.ops.conv2d_ext
 NAMES = ["poison_outputs", "hopper_kernels", "flat_kernels", "short_wgrad_direct",
          "few_channels_wgrad_sm90", "few_channels_dgrad_tc", "few_channels_dgrad_pairs",
          "few_channels_dgrad_order", "few_channels_dgrad_wide", "wgrad_edge_steps",
-         "nhwc_kernels", "nhwc_wgrad", "nhwc_wgmma", "nhwc_split_k"]
+         "nhwc_kernels", "nhwc_wgrad", "nhwc_wgmma", "nhwc_split_k",
+         "nhwc_wide_tiles"]
 
 
 def test_option_names():

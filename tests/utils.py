@@ -122,3 +122,15 @@ def pair(v):
     """A stride, padding or dilation as nn.Conv2d takes it (an int or two)
     as a pair."""
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def cuda_kernel_names(fn):
+    """The names of the CUDA kernels (and copies) `fn()` launches, as the
+    profiler records them."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]

@@ -14,11 +14,13 @@ namespace igemm_nhwc {
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kBlockK = 32;    // one tap's 32 channels: a 128-byte smem row
-constexpr int kBlocksPerSm = 2;
+constexpr int kBlocksPerSm = 2;  // all tiles but 128 x 256 (one block per SM)
 
 // K tiles in flight: as many as two blocks per SM leave room for (the
-// copies of a block alone wait on memory; a second block's warps fill the gaps).
-constexpr int stages(int bm, int bn) { return bm + bn >= 256 ? 3 : 4; }
+// copies of a block alone wait on memory; a second block's warps fill the
+// gaps); 128 x 256 tiles run alone on an SM, with four (192 KB).
+constexpr int stages(int bm, int bn) { return bm + bn == 256 ? 3 : 4; }
+constexpr int blocks_per_sm(int bm, int bn) { return bm + bn > 256 ? 1 : kBlocksPerSm; }
 
 // A block's tile: kBlockM pixels x kBlockN output channels.
 struct Tile {
@@ -61,9 +63,18 @@ constexpr int64_t kMinSliceTiles = 8;
 inline int64_t k_tiles(const ConvParams& p) {
   return p.taps() * ((p.in_channels + kBlockK - 1) / kBlockK);
 }
-inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper, bool split_k) {
+//
+// With `wide` (Hopper), at least 256 output channels and a block per SM,
+// tiles are 128 x 256: a K tile's copies then feed 43 FLOP per byte read
+// from L2 instead of 128 x 128's 32, the bound on large layers.
+inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper, bool split_k,
+                                bool wide) {
   const Tile t = choose_tile(p, sms);
   const int64_t kt = k_tiles(p);
+  const int64_t wide_tiles = ((p.gemm_m() + 127) / 128) * ((p.out_channels + 255) / 256);
+  if (hopper && wide && p.out_channels >= 256 && wide_tiles >= sms) {
+    return {{128, 256}, true, 1, kt};
+  }
   if (hopper && split_k && t.m != 128) {
     const Tile w{128, p.out_channels > 64 ? 128 : 64};
     const int64_t tiles = ((p.gemm_m() + w.m - 1) / w.m) * ((p.out_channels + w.n - 1) / w.n);

@@ -192,7 +192,7 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
   const int sm = current_sm();
   const cfg::FpropKernel k =
       cfg::choose_fprop(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
-                        nhwc_wgmma(sm), nhwc_split_k(sm));
+                        nhwc_wgmma(sm), nhwc_split_k(sm), nhwc_wide_tiles(sm));
   const cfg::Tile t = k.tile;
   if (k.wgmma) {
     launch_fprop_nhwc_wgmma(p, out, xp, wp, bias, yp, k);

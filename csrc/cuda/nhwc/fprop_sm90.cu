@@ -40,6 +40,7 @@ struct WgmmaTraits {
   static constexpr int kBRows = BN * nhwc::kChunks / cfg::kThreads;
   static constexpr int kStageFloats = (kBM + BN) * cfg::kBlockK;
   static constexpr int kStages = cfg::stages(kBM, BN);
+  static constexpr int kBlocksPerSm = cfg::blocks_per_sm(kBM, BN);
   static_assert(cfg::kThreads == 256, "two warpgroups");
 };
 
@@ -88,7 +89,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[T::kFrags][4], con
 }
 
 template <int BN>
-__global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
+__global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN>::kBlocksPerSm)
     fprop_nhwc_wgmma_kernel(const ConvParams p, const cfg::OutMap out, const float* __restrict__ x,
                             const float* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles,
@@ -190,10 +191,12 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const f
 void launch_fprop_nhwc_wgmma(const ConvParams& p, const igemm_nhwc::OutMap& out, const float* x,
                              const float* w, const float* bias, float* y,
                              const igemm_nhwc::FpropKernel& k) {
-  TORCH_CHECK(k.tile.m == kBM && (k.tile.n == 128 || k.tile.n == 64),
+  TORCH_CHECK(k.tile.m == kBM && (k.tile.n == 256 || k.tile.n == 128 || k.tile.n == 64),
               "conv2d_ext: internal error: no wgmma forward for a ", k.tile.m, " x ", k.tile.n,
               " tile");
-  if (k.tile.n == 128) {
+  if (k.tile.n == 256) {
+    launch<256>(p, out, x, w, bias, y, k);
+  } else if (k.tile.n == 128) {
     launch<128>(p, out, x, w, bias, y, k);
   } else {
     launch<64>(p, out, x, w, bias, y, k);

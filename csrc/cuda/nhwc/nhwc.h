@@ -32,7 +32,7 @@ void launch_fprop_nhwc(const ConvParams& p, const igemm_nhwc::OutMap& out, const
 void launch_dgrad_nhwc_phases(const ConvParams& p, const at::Tensor& grad_out,
                               const at::Tensor& w, at::Tensor& grad_in);
 
-// The forward on wgmma (fprop_sm90.cu; 128 x 128 or 128 x 64 tiles, K
+// The forward on wgmma (fprop_sm90.cu; 128 x 256, 128 x 128 or 128 x 64 tiles, K
 // split as `k` says), launched by launch_fprop_nhwc with its operands
 // checked.
 void launch_fprop_nhwc_wgmma(const ConvParams& p, const igemm_nhwc::OutMap& out, const float* x,
