@@ -18,9 +18,10 @@ namespace conv2d_ext {
 namespace {
 
 void check_float_dtype(const char* op, const at::Tensor& t) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble,
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble ||
+                  is_16bit(t.scalar_type()),
               op, " not implemented for '", t.scalar_type(),
-              "' (supported: float32, float64)");
+              "' (supported: float32, float64, float16, bfloat16)");
 }
 
 void check_same_dtype(const char* first_name, const at::Tensor& first,

@@ -96,6 +96,10 @@ struct DgradPhase {
 // The phases of dgrad of `p`, in row-major order of (row0, col0).
 std::vector<DgradPhase> dgrad_phases(const ConvParams& p);
 
+// float16 and bfloat16: the ops run them on float32 copies of their
+// operands (pass_entry.h), the plan as for float32.
+inline bool is_16bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
 // Output extent of one spatial dimension, as nn.Conv2d defines it.
 inline int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride,
                              int64_t pad, int64_t dilation) {

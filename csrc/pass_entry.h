@@ -2,6 +2,14 @@
 // the arguments, guard the device, allocate the output in PyTorch's memory
 // format (result_memory_format), handle empty problems, hand contiguous
 // NCHW operands to the backend's launcher.
+//
+// float16 and bfloat16 operands run the float32 kernels on float32 copies
+// (in their memory formats), the result rounded once to the 16-bit type.
+// That is what a 16-bit convolution computes: products of 16-bit values
+// are exact in float32, and in TF32 too (11 significant bits, as float16
+// has; bfloat16 has 8), and the sums accumulate in float32. It is correct
+// in every kernel family at once; native 16-bit kernels, reading half the
+// bytes at twice the tensor-core rate, are to replace the copies.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -44,8 +52,15 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
                        Nhwc&& nhwc, Launch&& launch) {
   const ConvParams p = make_fprop_params(input, weight, bias, stride, padding,
                                          dilation, groups);
-  const c10::DeviceGuard guard(input.device());
   const bool has_bias = bias.has_value() && bias->defined();
+  if (is_16bit(input.scalar_type())) {
+    const c10::optional<at::Tensor> bias32 =
+        has_bias ? c10::optional<at::Tensor>(bias->to(at::kFloat)) : c10::nullopt;
+    return fprop_entry(input.to(at::kFloat), weight.to(at::kFloat), bias32, stride, padding,
+                       dilation, groups, nhwc, launch)
+        .to(input.scalar_type());
+  }
+  const c10::DeviceGuard guard(input.device());
   const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
   const at::MemoryFormat format = result_memory_format(input, weight);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
@@ -83,6 +98,11 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
                        Nhwc&& nhwc, Launch&& launch) {
   const ConvParams p = make_dgrad_params(grad_output, weight, input_size,
                                          stride, padding, dilation, groups);
+  if (is_16bit(grad_output.scalar_type())) {
+    return dgrad_entry(grad_output.to(at::kFloat), weight.to(at::kFloat), input_size, stride,
+                       padding, dilation, groups, nhwc, launch)
+        .to(grad_output.scalar_type());
+  }
   const c10::DeviceGuard guard(grad_output.device());
   const at::MemoryFormat format = result_memory_format(grad_output, weight);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
@@ -118,6 +138,11 @@ at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
                        Nhwc&& nhwc, Launch&& launch) {
   const ConvParams p = make_wgrad_params(grad_output, input, weight_size,
                                          stride, padding, dilation, groups);
+  if (is_16bit(grad_output.scalar_type())) {
+    return wgrad_entry(grad_output.to(at::kFloat), input.to(at::kFloat), weight_size, stride,
+                       padding, dilation, groups, nhwc, launch)
+        .to(grad_output.scalar_type());
+  }
   const c10::DeviceGuard guard(grad_output.device());
   // The weight's own format is the autograd node's to match (autograd.cpp).
   const at::MemoryFormat format = result_memory_format(grad_output, input);

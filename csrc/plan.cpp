@@ -46,7 +46,7 @@ bool allow_tf32_conv() {
 }
 
 MathMode math_mode(at::ScalarType dtype) {
-  return (dtype == at::kFloat && allow_tf32_conv()) ? MathMode::kTF32
+  return ((dtype == at::kFloat || is_16bit(dtype)) && allow_tf32_conv()) ? MathMode::kTF32
                                                     : MathMode::kIEEE;
 }
 
@@ -162,6 +162,8 @@ bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
 
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
                  bool channels_last) {
+  // 16-bit operands run the float32 kernels on float32 copies (pass_entry.h).
+  if (is_16bit(dtype)) dtype = at::kFloat;
   Plan plan;
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
@@ -334,6 +336,7 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
   const Plan plan = choose_plan(p, which, input.scalar_type(), s, channels_last);
   std::ostringstream out;
   out << to_string(plan.algo);
+  if (is_16bit(input.scalar_type())) out << " operands=float32";
   switch (plan.algo) {
     case Algo::kFewChannels:
     case Algo::kFewChannelsTensorCore:

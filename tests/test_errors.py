@@ -32,7 +32,8 @@ def test_weight_rank():
         conv(x_(1, 3, 8, 8), x_(2, 3, 3))
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.complex64, torch.bool, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.complex64, torch.bool,
+                                   torch.float8_e4m3fn])
 def test_unsupported_dtype(dtype):
     x = torch.ones(1, 3, 8, 8, dtype=dtype)
     w = torch.ones(2, 3, 3, 3, dtype=dtype)

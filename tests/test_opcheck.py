@@ -1,7 +1,7 @@
 """torch.library.opcheck on all three ops: schema, fake kernels, autograd
 registration and AOT dispatch (static and dynamic shapes), with operands
 contiguous and channels_last (the fake kernels must give the real results'
-strides)."""
+strides), in float64, float32 and both 16-bit types."""
 import pytest
 import torch
 
@@ -11,7 +11,8 @@ GEOMETRY = ([2, 1], [1, 2], [1, 2], 2)  # stride, padding, dilation, groups
 
 
 LAYOUTS = [(torch.float64, "nchw"), (torch.float64, "channels_last"),
-           (torch.float32, "channels_last")]
+           (torch.float32, "channels_last"), (torch.bfloat16, "nchw"),
+           (torch.float16, "channels_last")]
 
 
 def _randn(*size, device, dtype=torch.float64, layout="nchw", requires_grad=False):

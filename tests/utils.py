@@ -17,6 +17,12 @@ _UNIT = {
     ("float64", "ieee"): (2.0**-53, 2.0**-53),
     ("float32", "ieee"): (2.0**-24, 2.0**-24),
     ("float32", "tf32"): (2.0**-11, 2.0**-24),
+    # 16-bit results: the operands are exact (the reference takes the same
+    # 16-bit values), the result rounds once to the 16-bit type.
+    ("bfloat16", "tf32"): (2.0**-8, 2.0**-24),
+    ("bfloat16", "ieee"): (2.0**-8, 2.0**-24),
+    ("float16", "tf32"): (2.0**-11, 2.0**-24),
+    ("float16", "ieee"): (2.0**-11, 2.0**-24),
 }
 
 

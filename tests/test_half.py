@@ -1,0 +1,212 @@
+"""float16 and bfloat16: all three passes against float64 on the same
+16-bit values, results in the input's dtype and PyTorch's memory formats,
+no less accurate than PyTorch's own convolution in that dtype; mixed dtypes
+refused with PyTorch's message; float16 overflow; autocast (CPU and CUDA)
+against aten's autocast on the same model, eager and compiled; GradScaler."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import conv2d_ext
+from utils import (DEVICES, cuda_only, reduction_lengths, reference, rel_err, tf32_mode,
+                   tolerance)
+
+CL = torch.channels_last
+DTYPES = [torch.bfloat16, torch.float16]
+
+# (N, C, H, W, K, (R, S), stride, padding, dilation, groups): a plain 3x3,
+# a seed-like 5x9 over 32 channels (tensor-core kernels on a GPU), an RGB
+# stem (few channels), depthwise, grouped with stride and dilation, 1x1.
+CASES = {
+    "3x3": (2, 16, 12, 13, 24, (3, 3), 1, 1, 1, 1),
+    "seed_5x9": (1, 32, 16, 36, 64, (5, 9), 1, (2, 4), 1, 1),
+    "rgb_stem": (2, 3, 20, 22, 16, (7, 7), 2, 3, 1, 1),
+    "depthwise": (2, 16, 14, 15, 16, (3, 3), 1, 1, 1, 16),
+    "grouped_strided": (1, 12, 17, 13, 18, (3, 3), (2, 1), (1, 2), (2, 1), 3),
+    "1x1": (3, 40, 9, 7, 32, (1, 1), 1, 0, 1, 1),
+}
+
+
+def _operands(case, dtype, device, layout, seed=0):
+    n, c, h, w, k, ks, stride, padding, dilation, groups = CASES[case]
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(n, c, h, w, device=device, generator=g).to(dtype)
+    wt = (torch.randn(k, c // groups, *ks, device=device, generator=g)
+          / (c // groups * ks[0] * ks[1]) ** 0.5).to(dtype)
+    b = torch.randn(k, device=device, generator=g).to(dtype)
+    if layout == "channels_last":
+        x, wt = x.to(memory_format=CL), wt.to(memory_format=CL)
+    return x, wt, b, dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def _passes(conv, x, w, b, kw, gy=None):
+    xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y = conv(xg, wg, bg, **kw)
+    gy = torch.randn_like(y) if gy is None else gy
+    return (y, *torch.autograd.grad(y, [xg, wg, bg], gy)), gy
+
+
+def _torch_conv_in(dtype, device):
+    """Whether PyTorch's own convolution runs in `dtype` on `device`."""
+    try:
+        F.conv2d(torch.ones(1, 1, 3, 3, dtype=dtype, device=device),
+                 torch.ones(1, 1, 1, 1, dtype=dtype, device=device))
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32_flag", "ieee_flag"])
+def test_passes_against_float64(device, dtype, layout, case, tf32):
+    x, w, b, kw = _operands(case, dtype, device, layout)
+    with tf32_mode(tf32):
+        ours, gy = _passes(conv2d_ext.conv2d, x, w, b, kw)
+        theirs = None
+        if _torch_conv_in(dtype, device):
+            theirs, _ = _passes(F.conv2d, x, w, b, kw, gy)
+    refs = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
+                     grad_out=gy)
+    mags = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
+                     grad_out=gy, absolute=True)
+    fwd, dgrad, wgrad = reduction_lengths(x, w, ours[0])
+    lengths = [fwd, dgrad, wgrad, wgrad]  # the bias gradient sums as wgrad does
+    for i, name in enumerate(["output", "grad_input", "grad_weight", "grad_bias"]):
+        got = ours[i]
+        assert got.dtype == dtype, name
+        err = rel_err(got, refs[i], mags[i], lengths[i])
+        assert err <= tolerance(dtype, "tf32", lengths[i]), (name, err)
+        if theirs is not None:
+            assert got.stride() == theirs[i].stride(), (name, got.stride(), theirs[i].stride())
+            torch_err = rel_err(theirs[i], refs[i], mags[i], lengths[i])
+            # Both round a float32 sum once; a margin for the last bit.
+            assert err <= 1.1 * torch_err + 2.0**-20, (name, err, torch_err)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32, None),
+                                    (torch.float16, torch.bfloat16, None),
+                                    (torch.bfloat16, torch.bfloat16, torch.float16)],
+                         ids=["bf16_f32", "f16_bf16", "bias_f16"])
+def test_mixed_dtypes_are_refused(device, dtypes):
+    xd, wd, bd = dtypes
+    x = torch.randn(1, 3, 8, 8, device=device, dtype=xd)
+    w = torch.randn(2, 3, 3, 3, device=device, dtype=wd)
+    b = torch.randn(2, device=device, dtype=bd) if bd else None
+    second = "bias" if bd else "weight"
+    name = {torch.bfloat16: "BFloat16", torch.float16: "Half", torch.float32: "Float"}
+    message = (f"Input type ({name[xd]}) and {second} type ({name[bd or wd]}) "
+               "should be the same")
+    with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        conv2d_ext.conv2d(x, w, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float16_overflow_gives_inf_where_the_exact_sum_overflows(device):
+    """Sums that leave float16's range become inf, as the rounding of the
+    exact result does; the rest stay finite and right."""
+    x = torch.zeros(1, 8, 6, 6, device=device, dtype=torch.float16)
+    x[..., :3, :] = 30000.0  # top rows: 8 channels x up to 9 taps x 30000 > 65504
+    w = torch.ones(2, 8, 3, 3, device=device, dtype=torch.float16)
+    y = conv2d_ext.conv2d(x, w, padding=1)
+    exact = F.conv2d(x.double().cpu(), w.double().cpu(), padding=1).to(torch.float16)
+    assert torch.isinf(exact).any() and torch.isfinite(exact).any()
+    assert torch.equal(torch.isinf(y.cpu()), torch.isinf(exact))
+    finite = torch.isfinite(exact)
+    assert torch.equal(y.cpu()[finite], exact[finite])
+
+
+def _model(device, factory):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 32, 3, stride=2, padding=1))
+    model = model.to(device)
+    return factory(model) if factory else model
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.bfloat16),
+                                           pytest.param("cuda", torch.bfloat16,
+                                                        marks=cuda_only),
+                                           pytest.param("cuda", torch.float16,
+                                                        marks=cuda_only)])
+def test_autocast_matches_aten(device, dtype):
+    """Under torch.autocast a converted model computes what the original
+    computes: outputs in the autocast dtype, float32 parameter gradients,
+    values within the dtype's rounding of each other."""
+    original = _model(device, None)
+    converted = conv2d_ext.convert(_model(device, None))
+    x = torch.randn(4, 3, 16, 16, device=device)
+    results = []
+    for model in (original, converted):
+        with torch.autocast(device, dtype=dtype):
+            y = model(x)
+        loss = y.float().square().mean()
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        results.append((y, grads))
+    (y_ref, g_ref), (y, g) = results
+    assert y.dtype == y_ref.dtype == dtype
+    assert y.stride() == y_ref.stride()
+    bound = tolerance(dtype, "tf32", 16 * 9)
+    assert rel_err(y, y_ref) <= 2 * bound
+    for a, b in zip(g, g_ref):
+        assert a.dtype == b.dtype == torch.float32
+        assert rel_err(a, b) <= 4 * bound
+
+
+def test_autocast_under_compile_matches_eager():
+    """The autocast kernel traces: torch.compile (fullgraph, dynamic) of a
+    converted layer under CPU autocast gives eager's bfloat16 result."""
+    torch._dynamo.reset()
+    conv = conv2d_ext.Conv2d(4, 8, 3, padding=1)
+
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return conv(x)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    x = torch.randn(2, 4, 9, 11)
+    y_eager, y_compiled = f(x), compiled(x)
+    assert y_eager.dtype == y_compiled.dtype == torch.bfloat16
+    assert rel_err(y_compiled, y_eager) <= tolerance(torch.bfloat16, "tf32", 36)
+
+
+@cuda_only
+def test_grad_scaler_float16_training_matches_the_original():
+    """Ten float16 autocast steps with GradScaler: the converted model's
+    losses track the original's."""
+    losses = []
+    for convert in (False, True):
+        model = _model("cuda", conv2d_ext.convert if convert else None)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        scaler = torch.amp.GradScaler("cuda")
+        torch.manual_seed(1)
+        run = []
+        for _ in range(10):
+            x = torch.randn(8, 3, 16, 16, device="cuda")
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).float().square().mean()
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            run.append(loss.item())
+        losses.append(run)
+    for a, b in zip(*losses):
+        assert abs(a - b) <= 1e-2 * abs(b) + 1e-4, losses
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_modules_cast_to_16_bit(device, dtype):
+    """A model cast with .to(dtype) and then converted runs, as the original."""
+    original = _model(device, lambda m: m.to(dtype))
+    converted = conv2d_ext.convert(_model(device, lambda m: m.to(dtype)))
+    x = torch.randn(2, 3, 16, 16, device=device).to(dtype)
+    if not _torch_conv_in(dtype, device):
+        pytest.skip(f"PyTorch has no {dtype} convolution on {device}")
+    y, y_ref = converted(x), original(x)
+    assert y.dtype == dtype
+    assert rel_err(y, y_ref) <= 2 * tolerance(dtype, "tf32", 16 * 9)
