@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 15> kEntries{{
+constexpr std::array<Entry, 18> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -30,8 +30,11 @@ constexpr std::array<Entry, 15> kEntries{{
     {"nhwc_wgmma", true},
     {"nhwc_split_k", false},
     {"nhwc_wide_tiles", false},
+    {"cpu_avx512", true},
+    {"cpu_avx2", true},
+    {"nhwc_tf32_truncate", false},
 }};
-static_assert(static_cast<int>(Option::kNhwcWideTiles) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcTf32Truncate) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

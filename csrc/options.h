@@ -56,6 +56,14 @@ enum class Option : int {
   // On Hopper the engine's forward takes 128 x 256 tiles where at least
   // 256 output channels fill the SMs (off by default until measured).
   kNhwcWideTiles,
+  // The CPU's blocked forward may use AVX-512, AVX2; off falls back to the
+  // next narrower instruction set (tests cover all three on one machine).
+  kCpuAvx512,
+  kCpuAvx2,
+  // The engine's wgmma forward leaves TF32 operands to the tensor cores,
+  // which truncate, instead of rounding them to nearest in shared memory
+  // first (off: TF32 mode rounds everywhere; on to measure its cost).
+  kNhwcTf32Truncate,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

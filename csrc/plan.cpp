@@ -2,6 +2,7 @@
 
 #include "cuda/few_channels/config.h"
 #include "cuda/kernel_sizes.cuh"
+#include "cpu/blocked.h"
 #include "cuda/nhwc/config.h"
 #include "cuda/implicit_gemm/config.h"
 #include "cuda/sm90/config.h"
@@ -131,8 +132,9 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
 // strides one forward per phase) and wgrad.
 // On Hopper, forwards of at most kNhwcFlatMaxChannels input or output
 // channels that the flat sm_90 kernel takes run faster there, on NCHW
-// copies, than on the engine's mma.sync: its K tiles and 64-channel N tiles
-// run part empty (docs/kernels.md, "The channels_last engine").
+// copies, than on the engine: its K tiles and 64-channel N tiles run part
+// empty (docs/kernels.md, "The channels_last engine"; measured against the
+// engine's mma.sync, before its wgmma forward).
 constexpr int64_t kNhwcFlatMaxChannels = 32;
 bool nhwc_fprop(const ConvParams& p, int sm) {
   if (!igemm_nhwc::fits(p)) return false;
@@ -168,6 +170,10 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
   if (dtype != at::kFloat) return plan;
+  if (sm == 0) {  // the CPU
+    if (pass == Pass::kFprop && cpu::blocked_fits(p)) plan.algo = Algo::kCpuBlocked;
+    return plan;
+  }
   const Algo small = few_channels_algo(p, pass, plan.math, sm);
   if (small != Algo::kDirect) {
     plan.algo = small;
@@ -357,6 +363,9 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       if (which != Pass::kWgrad) out << " wgmma=" << nhwc_wgmma(s);
       if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();
       break;
+    case Algo::kCpuBlocked:
+      out << " isa=" << cpu::blocked_isa();
+      break;
     case Algo::kDirect:
       break;
   }
@@ -387,6 +396,8 @@ const char* to_string(Algo algo) {
       return "few_channels_tc";
     case Algo::kDgradPhases:
       return "dgrad_phases";
+    case Algo::kCpuBlocked:
+      return "cpu_blocked";
     case Algo::kImplicitGemmNhwc:
       return "implicit_gemm_nhwc";
   }

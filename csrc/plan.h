@@ -35,9 +35,11 @@ enum class Algo {
   // the input, each on the kernel the forward's plan picks for it.
   kDgradPhases,
   // The channels_last engine (float32, sm_80+, TF32 mode): implicit GEMM
-  // over the whole batch on NHWC operands; the forward, and dgrad at unit
-  // stride as one.
+  // over the whole batch on NHWC operands; the forward, dgrad (unit stride
+  // as one forward, larger strides one per phase) and wgrad.
   kImplicitGemmNhwc,
+  // The CPU's register-blocked float32 forward (cpu/blocked.cpp).
+  kCpuBlocked,
 };
 
 struct Plan {

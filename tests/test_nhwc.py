@@ -1,17 +1,19 @@
-"""The channels_last engine (csrc/cuda/nhwc/): the forward, unit-stride
-dgrad and wgrad of channels_last float32 operands in TF32 mode, against
-float64, the forward on wgmma (Hopper) and on mma.sync.
+"""The channels_last engine (csrc/cuda/nhwc/): the forward, dgrad (unit
+stride, and by phases in place) and wgrad of channels_last float32
+operands in TF32 mode, against float64, the forward on wgmma (Hopper) and
+on mma.sync; split-K and 128 x 256 tiles; TF32 rounding on wgmma; no
+activation copies in a training step.
 Shapes leave partial tiles in every GEMM dimension (pixels across images,
 output channels, input channels short of a 32-channel K tile) and cover
-each of the three tile sizes, strides, dilations, padding and bias."""
+each tile size, strides, dilations, padding and bias."""
 import math
 
 import pytest
 import torch
 
 import conv2d_ext
-from utils import (cuda_kernel_names, cuda_only, is_hopper_build, option, reference, rel_err,
-                   tf32_mode, tolerance)
+from utils import (between_tf32, cuda_kernel_names, cuda_only, is_hopper_build, option,
+                   reference, rel_err, tf32_mode, tf32_round, tf32_truncate, tolerance)
 
 CL = torch.channels_last
 ops = torch.ops.conv2d_ext
@@ -48,6 +50,10 @@ CASES = {
     "wide_partial": (6, 40, 47, 61, 320, 3, 3, 1, 1, 1),
 }
 
+# The wgmma forward's N tile for the cases with 128-row tiles on an H100.
+WGMMA_FORWARD = {"big_128x128_tiles": 128, "partial_128x128": 128, "big_128x64_tiles": 64,
+                 "partial_128x64": 64}
+
 # Whether the engine runs each strided case's dgrad.
 STRIDED_DGRAD = {"1x1_stride2": True, "3x3_stride2": True, "3x3_s2_dilated": True,
                  "stride_2x1": True, "1x1_s2_pad1": False, "big_1x1_s2": True,
@@ -81,6 +87,10 @@ def test_forward_and_dgrad_against_float64(case, wgmma):
         sm = torch.cuda.get_device_capability()
         report = ops._kernel("forward", *_args(x, w, kw), 10 * sm[0] + sm[1])
         assert f"wgmma={int(wgmma and is_hopper_build())}" in report, report
+        if case in WGMMA_FORWARD and is_hopper_build():
+            names = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w, b, **kw))
+            launched = any(f"fprop_nhwc_wgmma_kernel<{WGMMA_FORWARD[case]}>" in n for n in names)
+            assert launched == wgmma, names
         # dgrad runs as a forward over grad_output (one per phase at larger
         # strides): K (its input channels) in 16-byte rows, C (its outputs)
         # in pairs.
@@ -273,11 +283,13 @@ def test_split_k_against_float64(case):
             y, gx = run()
             y2, gx2 = run()
             fwd_kernels = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w, b, **kw))
-            dgrad_kernels = cuda_kernel_names(run)
+            x3 = x.clone().requires_grad_()
+            y3 = conv2d_ext.conv2d(x3, w, b, **kw)
+            dgrad_kernels = cuda_kernel_names(lambda: torch.autograd.grad(y3, [x3], gy))
     assert torch.equal(y, y2) and torch.equal(gx, gx2), "not bitwise reproducible"
     if is_hopper_build():
         assert any("add_slices_kernel" in k for k in fwd_kernels), fwd_kernels
-        assert sum("add_slices_kernel" in k for k in dgrad_kernels) >= 2, dgrad_kernels
+        assert any("add_slices_kernel" in k for k in dgrad_kernels), dgrad_kernels
     y64, gx64, _, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
                                 grad_out=gy)
     taps = w.shape[2] * w.shape[3]
@@ -336,3 +348,38 @@ def test_channels_last_training_step_copies_no_activation():
             large.append((e.name, e.input_shapes))
     assert not large, large
     assert x.grad.is_contiguous(memory_format=CL)
+
+
+@cuda_only
+@pytest.mark.parametrize("truncate", [False, True], ids=["rounded", "truncated"])
+def test_wgmma_forward_rounds_tf32_operands_unless_told(truncate):
+    """TF32 mode rounds operands to nearest on the wgmma forward too (the
+    tensor cores would truncate them); the option nhwc_tf32_truncate leaves
+    them to the tensor cores. A 1x1 layer of 16896 pixels: 128-row tiles on
+    an H100, forward (128 x 64) and dgrad (128 x 64) on wgmma. The sums of
+    positive products between TF32 values show the rounding's direction."""
+    if not is_hopper_build():
+        pytest.skip("the wgmma forward runs on Hopper builds only")
+    x = between_tf32(1, 48, 132, 128).to(memory_format=CL)
+    w = between_tf32(64, 48, 1, 1).to(memory_format=CL)
+    gy = between_tf32(1, 64, 132, 128).to(memory_format=CL)
+
+    def bias(outs, refs):
+        return [float((o.double().cpu() - r).sum() / r.sum()) for o, r in zip(outs, refs)]
+
+    xr = x.clone().requires_grad_()
+    with tf32_mode(True), option("nhwc_tf32_truncate", truncate):
+        names = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w))
+        y = conv2d_ext.conv2d(xr, w)
+        (gx,) = torch.autograd.grad(y, [xr], gy)
+    assert any("fprop_nhwc_wgmma_kernel<64>" in n for n in names), names
+    outs = (y, gx)
+    rounded = bias(outs, reference(tf32_round(x), tf32_round(w), None, 1, 0, 1, 1,
+                                   grad_out=tf32_round(gy))[:2])
+    truncated = bias(outs, reference(tf32_truncate(x), tf32_truncate(w), None, 1, 0, 1, 1,
+                                     grad_out=tf32_truncate(gy))[:2])
+    for name, r, t in zip(["forward", "dgrad"], rounded, truncated):
+        if truncate:
+            assert abs(t) < 1e-4 and r < -2e-4, (name, r, t)
+        else:
+            assert abs(r) < 1e-4 and t > 8e-4, (name, r, t)

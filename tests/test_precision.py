@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import conv2d_ext
-from utils import cuda_only, hopper_kernels, reference, rel_err, tf32_mode
+from utils import (between_tf32, cuda_only, hopper_kernels, reference, rel_err, tf32_mode,
+                   tf32_round, tf32_truncate)
 
 PASSES = ("forward", "grad_input", "grad_weight")
 
@@ -150,24 +151,6 @@ def _assert_as_accurate_as_cudnn(name, pass_, x, wt, gy, stride, pad):
     )
 
 
-def _tf32_round(t):
-    """Round to nearest TF32, ties away from zero (finite values)."""
-    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
-def _tf32_truncate(t):
-    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
-
-
-def _between_tf32(*shape):
-    """Positive random values 3/4 of a TF32 ulp above a TF32 value: rounding
-    to nearest goes up, truncation down, by amounts a sum of positive
-    products accumulates instead of averaging out."""
-    ulps = torch.randint(0, 1024, shape, device="cuda").double()
-    exponents = torch.randint(-2, 3, shape, device="cuda").double()
-    return ((1 + (ulps + 0.75) / 1024) * 2.0**exponents).float()  # exact in float32
-
-
 # On sm_90 unit stride reaches the wgmma kernels (64 output columns: flat
 # forward and dgrad, sm_90 wgrad), stride 2 the mma.sync ones (forward and
 # wgrad) and dgrad by phase; with the Hopper kernels off every pass runs
@@ -180,11 +163,11 @@ def test_tf32_mode_rounds_operands_to_nearest(stride, hopper):
     tensor cores would, nor kept at FP32): each pass's sum of positive
     products matches the float64 result on rounded operands, and is off the
     one on unrounded operands by the rounding's bias."""
-    x = _between_tf32(1, 16, 16, 64)
-    wt = _between_tf32(32, 16, 3, 3)
+    x = between_tf32(1, 16, 16, 64)
+    wt = between_tf32(32, 16, 3, 3)
     with torch.no_grad():
         out_shape = F.conv2d(x, wt, None, stride, 1).shape
-    gy = _between_tf32(*out_shape)
+    gy = between_tf32(*out_shape)
 
     def bias(outs, refs):
         # Relative bias of the sum: a rounding mode shifts it by 1e-4 to 1e-3.
@@ -194,11 +177,11 @@ def test_tf32_mode_rounds_operands_to_nearest(stride, hopper):
     with tf32_mode(True), hopper_kernels(hopper):
         y = conv2d_ext.conv2d(xr, wr, None, stride, 1)
         outs = (y, *torch.autograd.grad(y, [xr, wr], gy))
-    rounded = bias(outs, reference(_tf32_round(x), _tf32_round(wt), None, stride, 1, 1, 1,
-                                   grad_out=_tf32_round(gy)))
+    rounded = bias(outs, reference(tf32_round(x), tf32_round(wt), None, stride, 1, 1, 1,
+                                   grad_out=tf32_round(gy)))
     exact = bias(outs, reference(x, wt, None, stride, 1, 1, 1, grad_out=gy))
-    truncated = bias(outs, reference(_tf32_truncate(x), _tf32_truncate(wt), None, stride, 1, 1,
-                                     1, grad_out=_tf32_truncate(gy)))
+    truncated = bias(outs, reference(tf32_truncate(x), tf32_truncate(wt), None, stride, 1, 1,
+                                     1, grad_out=tf32_truncate(gy)))
     for name, r, e, t in zip(PASSES, rounded, exact, truncated):
         # Rounded operands: only FP32 accumulation (<= 3e-5 here); unrounded
         # ones would be 3e-4 off, truncated ones 1e-3.

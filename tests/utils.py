@@ -140,3 +140,22 @@ def cuda_kernel_names(fn):
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def tf32_round(t):
+    """Round to nearest TF32, ties away from zero (finite values)."""
+    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def tf32_truncate(t):
+    """Truncate to TF32, as the tensor cores read float32 operands."""
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def between_tf32(*shape):
+    """Positive random values 3/4 of a TF32 ulp above a TF32 value: rounding
+    to nearest goes up, truncation down, by amounts a sum of positive
+    products accumulates instead of averaging out."""
+    ulps = torch.randint(0, 1024, shape, device="cuda").double()
+    exponents = torch.randint(-2, 3, shape, device="cuda").double()
+    return ((1 + (ulps + 0.75) / 1024) * 2.0**exponents).float()  # exact in float32

@@ -1,6 +1,7 @@
-// Forward pass on the CPU: direct convolution, one (image, output channel)
-// plane per task, accumulated in double so the CPU result doubles as an
-// accurate reference.
+// Forward pass on the CPU: float32 (and 16-bit, on float32 copies) on the
+// register-blocked kernel (blocked.cpp) where it fits; float64 and narrow
+// groups as a direct convolution, one (image, output channel) plane per
+// task, accumulated in double.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -11,6 +12,7 @@
 #include "../conv_params.h"
 #include "../pass_entry.h"
 #include "../plan.h"
+#include "blocked.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -68,6 +70,11 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
       input, weight, bias, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
          const at::Tensor& b, at::Tensor& y) {
+        if (choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo == Algo::kCpuBlocked) {
+          fprop_blocked(p, x.data_ptr<float>(), w.data_ptr<float>(),
+                        b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+          return;
+        }
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop_cpu", [&] {
           fprop_direct<scalar_t>(
               p, x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),

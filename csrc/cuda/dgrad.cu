@@ -116,6 +116,7 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
             launch_dgrad_few_channels_tc(p, go, w, grad_in);
             return;
           case Algo::kImplicitGemmNhwc:  // not without channels_last operands
+          case Algo::kCpuBlocked:  // the CPU's
             break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA dgrad kernel for algorithm ",

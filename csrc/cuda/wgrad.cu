@@ -57,6 +57,7 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
           case Algo::kImplicitGemmSm90Flat:
           case Algo::kDgradPhases:
           case Algo::kImplicitGemmNhwc:  // not without channels_last operands
+          case Algo::kCpuBlocked:  // the CPU's
             break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA wgrad kernel for algorithm ",

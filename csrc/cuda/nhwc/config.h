@@ -53,20 +53,21 @@ inline int64_t smem_bytes(const Tile& t) {
 // the slices' partial sums are added in slice order (bitwise repeatable).
 // Small planes with many channels (7x7 and 14x14 with 512) are such: on
 // 64 x 64 tiles each block walks thousands of K channels alone.
+//
+// With `wide` (Hopper), at least 256 output channels and a block per SM,
+// tiles are 128 x 256: a K tile's copies then feed 43 FLOP per byte read
+// from L2 instead of 128 x 128's 32, the bound on large layers.
 struct FpropKernel {
   Tile tile;
   bool wgmma;
   int splits;  // K slices; 1: no split
   int64_t tiles_per_split;  // K tiles of a slice
+  bool round = true;  // wgmma: round operands to nearest TF32 in shared memory
 };
 constexpr int64_t kMinSliceTiles = 8;
 inline int64_t k_tiles(const ConvParams& p) {
   return p.taps() * ((p.in_channels + kBlockK - 1) / kBlockK);
 }
-//
-// With `wide` (Hopper), at least 256 output channels and a block per SM,
-// tiles are 128 x 256: a K tile's copies then feed 43 FLOP per byte read
-// from L2 instead of 128 x 128's 32, the bound on large layers.
 inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper, bool split_k,
                                 bool wide) {
   const Tile t = choose_tile(p, sms);

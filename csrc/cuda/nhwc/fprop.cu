@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "../../options.h"
 #include "../../plan.h"
 #include "../common.cuh"
 #include "../mma.cuh"
@@ -190,9 +191,10 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
   const float* wp = wa.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int sm = current_sm();
-  const cfg::FpropKernel k =
+  cfg::FpropKernel k =
       cfg::choose_fprop(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
                         nhwc_wgmma(sm), nhwc_split_k(sm), nhwc_wide_tiles(sm));
+  k.round = !option(Option::kNhwcTf32Truncate);
   const cfg::Tile t = k.tile;
   if (k.wgmma) {
     launch_fprop_nhwc_wgmma(p, out, xp, wp, bias, yp, k);

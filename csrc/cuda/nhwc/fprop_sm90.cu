@@ -7,8 +7,9 @@
 // fragment passes through registers. Every thread still copies: cp.async
 // writes through the generic proxy, so each thread fences its copies to
 // the async proxy before the barrier that hands a stage to wgmma. The
-// tensor cores truncate operands to TF32 (fprop.cu rounds them in
-// registers, which wgmma's shared-memory operands leave no room for).
+// tensor cores would truncate operands to TF32; as everywhere in TF32
+// mode, each thread first rounds the chunks it copied to nearest, in
+// place (the option nhwc_tf32_truncate leaves them to the tensor cores).
 // Where config.h's choose_fprop splits K, grid.y is the slice: each slice
 // writes its partial sums to a workspace [slice][M][N], and a second
 // kernel adds them in slice order, with the bias, into y.
@@ -43,6 +44,26 @@ struct WgmmaTraits {
   static constexpr int kBlocksPerSm = cfg::blocks_per_sm(kBM, BN);
   static_assert(cfg::kThreads == 256, "two warpgroups");
 };
+
+// The chunks this thread copied into a stage (load_stage's rows), rounded
+// to nearest TF32 in place.
+template <typename T>
+__device__ __forceinline__ void round_own_chunks(float* stage, int row0, int chunk) {
+  auto round4 = [](float* at) {
+    float4 v = *reinterpret_cast<float4*>(at);
+    v.x = __uint_as_float(tf32_operand(v.x));
+    v.y = __uint_as_float(tf32_operand(v.y));
+    v.z = __uint_as_float(tf32_operand(v.z));
+    v.w = __uint_as_float(tf32_operand(v.w));
+    *reinterpret_cast<float4*>(at) = v;
+  };
+  constexpr int kRowStep = cfg::kThreads / nhwc::kChunks;
+#pragma unroll
+  for (int i = 0; i < T::kARows; ++i) round4(stage + nhwc::swizzled(row0 + i * kRowStep, chunk));
+  float* const sb = stage + kBM * cfg::kBlockK;
+#pragma unroll
+  for (int i = 0; i < T::kBRows; ++i) round4(sb + nhwc::swizzled(row0 + i * kRowStep, chunk));
+}
 
 // Warpgroup wg's products over one staged K tile: its 64 A rows against
 // all BN B rows, k8 step kk 32 bytes into the swizzled 128-byte rows.
@@ -93,7 +114,7 @@ __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN>::kBlocksPerSm)
     fprop_nhwc_wgmma_kernel(const ConvParams p, const cfg::OutMap out, const float* __restrict__ x,
                             const float* __restrict__ w, const float* __restrict__ bias,
                             float* __restrict__ y, int n_tiles, int c_tiles, int k_tiles,
-                            int tiles_per_split, int64_t split_floats) {
+                            int tiles_per_split, int64_t split_floats, bool round) {
   using T = WgmmaTraits<BN>;
   extern __shared__ __align__(128) float smem_base[];
   float* const smem =
@@ -125,6 +146,7 @@ __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN>::kBlocksPerSm)
   for (int s = 0; s < T::kStages - 1; ++s) load(s);
   for (int kt = 0; kt < kts; ++kt) {
     cp_async_wait<T::kStages - 2>();
+    if (round) round_own_chunks<T>(smem + (kt % T::kStages) * T::kStageFloats, row0, chunk);
     fence_proxy_async_smem();
     // Tile kt has landed for every thread and is visible to wgmma, and
     // both warpgroups have retired their wgmmas on the stage the next copy
@@ -167,7 +189,7 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const f
   if (k.splits == 1) {
     kernel<<<grid, cfg::kThreads, smem, stream>>>(
         p, out, x, w, bias, y, static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles),
-        static_cast<int>(g.k_tiles), static_cast<int>(g.k_tiles), 0);
+        static_cast<int>(g.k_tiles), static_cast<int>(g.k_tiles), 0, k.round);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -178,7 +200,7 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const f
   kernel<<<grid, cfg::kThreads, smem, stream>>>(
       p, cfg::dense_out(p), x, w, nullptr, partial.data_ptr<float>(),
       static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles), static_cast<int>(g.k_tiles),
-      static_cast<int>(k.tiles_per_split), mn);
+      static_cast<int>(k.tiles_per_split), mn, k.round);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(mn, kThreads), 65535));
   add_slices_kernel<<<blocks, kThreads, 0, stream>>>(p, out, partial.data_ptr<float>(), k.splits,

@@ -1,0 +1,238 @@
+// The register-blocked float32 forward (blocked.h).
+//
+// GEMM view per image and group: M = output pixels, N = output channels,
+// K = C*R*S. A task is one output row of one image and one block of kKB
+// output channels; it walks the row kOW pixels at a time, holding kOW x
+// kKB accumulators in vector registers, and for every (input channel, tap)
+// adds broadcast(x) * w[k block] for each pixel: one vector load of packed
+// weights serves kOW pixels, one broadcast serves kKB channels. The input
+// is first copied zero-padded (rows padded by the kernel's reach, plus one
+// block of slack at the end of each task's gathered rows), so the inner
+// loops run without bounds checks; pixels past the row's end are computed
+// on the slack and dropped.
+//
+// The micro-kernel is written once over GCC/Clang vector extensions and
+// compiled three times, for AVX-512, AVX2 + FMA and baseline x86-64, in
+// functions with the matching target attribute; the first the CPU supports
+// runs. Sums run in a fixed order per output, so results do not depend on
+// the thread count.
+#include "blocked.h"
+
+#include "../options.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace conv2d_ext {
+namespace cpu {
+namespace {
+
+// kVL floats a vector, kNV vectors of output channels (kKB = kVL * kNV),
+// kOW pixels: kOW * kNV accumulators, within the ISA's vector registers
+// (32 for AVX-512, 16 for AVX2 and SSE) with room for the weights and a
+// broadcast.
+template <int kVL_, int kNV_, int kOW_>
+struct Traits {
+  static constexpr int kVL = kVL_, kNV = kNV_, kOW = kOW_, kKB = kVL_ * kNV_;
+};
+using Avx512 = Traits<16, 2, 12>;
+using Avx2 = Traits<8, 2, 6>;
+using Baseline = Traits<4, 2, 6>;
+
+// The weight of one group as [k block][C per group][R][S][kKB], zeros past
+// the group's last output channel.
+std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb) {
+  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
+  const int64_t taps = p.taps(), blocks = (cout + kb - 1) / kb;
+  std::vector<float> packed(size_t(p.groups * blocks * cin * taps * kb), 0.f);
+  for (int64_t g = 0; g < p.groups; ++g)
+    for (int64_t k = 0; k < cout; ++k)
+      for (int64_t c = 0; c < cin; ++c)
+        for (int64_t t = 0; t < taps; ++t) {
+          const int64_t block = g * blocks + k / kb;
+          packed[size_t(((block * cin + c) * taps + t) * kb + k % kb)] =
+              w[((g * cout + k) * cin + c) * taps + t];
+        }
+  return packed;
+}
+
+// Output row `oh` of image n, group g, output channels k0 .. k0 + kKB of
+// the group (kvalid of them real). `rows`: the input rows the output row
+// reads, [C per group][R][wp] (row_inputs).
+template <typename T>
+__attribute__((always_inline)) inline void row_block(const ConvParams& p, const float* rows,
+                                                     int64_t wp, const float* wpk,
+                                                     const float* bias, float* y, int64_t n,
+                                                     int64_t g, int64_t kblock, int64_t oh) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kVL = T::kVL, kNV = T::kNV, kOW = T::kOW, kKB = T::kKB;
+  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
+  const int64_t taps = p.taps();
+  const int64_t k0 = kblock * kKB, kvalid = std::min<int64_t>(kKB, cout - k0);
+  const int64_t blocks = (cout + kKB - 1) / kKB;
+  const float* wblock = wpk + (g * blocks + kblock) * cin * taps * kKB;
+  const int64_t sw = p.stride_w, dw = p.dilation_w;
+  float* yrow = y + ((n * p.out_channels + g * cout + k0) * p.out_h + oh) * p.out_w;
+  const int64_t plane = p.out_h * p.out_w;
+
+  vec bias_v[kNV];
+  for (int v = 0; v < kNV; ++v)
+    for (int l = 0; l < kVL; ++l) {
+      const int64_t k = v * kVL + l;
+      bias_v[v][l] = bias && k < kvalid ? bias[g * cout + k0 + k] : 0.f;
+    }
+  for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kOW) {
+    vec acc[kOW][kNV];
+    for (int j = 0; j < kOW; ++j)
+      for (int v = 0; v < kNV; ++v) acc[j][v] = bias_v[v];
+    for (int64_t c = 0; c < cin; ++c) {
+      const float* wc = wblock + c * taps * kKB;
+      for (int64_t r = 0; r < p.kernel_h; ++r) {
+        const float* xr = rows + (c * p.kernel_h + r) * wp + ow0 * sw;
+        for (int64_t s = 0; s < p.kernel_w; ++s) {
+          vec wv[kNV];
+          const float* wt = wc + (r * p.kernel_w + s) * kKB;
+          for (int v = 0; v < kNV; ++v) wv[v] = *reinterpret_cast<const vec_unaligned*>(wt + v * kVL);
+          const float* xs = xr + s * dw;
+#pragma GCC unroll 16
+          for (int j = 0; j < kOW; ++j) {
+            const float xv = xs[j * sw];
+#pragma GCC unroll 4
+            for (int v = 0; v < kNV; ++v) acc[j][v] += xv * wv[v];
+          }
+        }
+      }
+    }
+    // [pixel][channel] registers to NCHW rows.
+    const int64_t count = std::min<int64_t>(kOW, p.out_w - ow0);
+    float out[kOW][kKB];
+    std::memcpy(out, acc, sizeof(out));
+    for (int64_t k = 0; k < kvalid; ++k)
+      for (int64_t j = 0; j < count; ++j) yrow[k * plane + ow0 + j] = out[j][k];
+  }
+}
+
+// What every task shares.
+struct Problem {
+  const ConvParams& p;
+  const float *xpad, *wpk, *bias;
+  float* y;
+  int64_t hp, wp;
+};
+
+// The input rows output row oh of image n, group g reads, gathered from
+// their planes into one contiguous run [C per group][R][wp], so that the
+// pixel blocks' broadcasts walk one stream instead of C planes.
+inline void row_inputs(const Problem& a, int64_t n, int64_t g, int64_t oh, float* rows) {
+  const ConvParams& p = a.p;
+  const int64_t cin = p.in_channels_per_group();
+  const float* ximg = a.xpad + (n * p.in_channels + g * cin) * a.hp * a.wp;
+  for (int64_t c = 0; c < cin; ++c)
+    for (int64_t r = 0; r < p.kernel_h; ++r)
+      std::memcpy(rows + (c * p.kernel_h + r) * a.wp,
+                  ximg + (c * a.hp + oh * p.stride_h + r * p.dilation_h) * a.wp,
+                  size_t(a.wp) * sizeof(float));
+}
+
+// Tasks [begin, end), one output row of one image and group each, in
+// (image, group, row) order; every channel block of the row.
+template <typename T>
+__attribute__((always_inline)) inline void task_range(const Problem& a, int64_t begin,
+                                                      int64_t end) {
+  const ConvParams& p = a.p;
+  const int64_t blocks = (p.out_channels_per_group() + T::kKB - 1) / T::kKB;
+  // The rows, and slack for the last pixel block's reads past their end.
+  const int64_t row_floats = p.in_channels_per_group() * p.kernel_h * a.wp;
+  std::vector<float> rows(size_t(row_floats + int64_t(T::kOW) * p.stride_w + 1), 0.f);
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t oh = t % p.out_h, ng = t / p.out_h;
+    const int64_t g = ng % p.groups, n = ng / p.groups;
+    row_inputs(a, n, g, oh, rows.data());
+    for (int64_t kblock = 0; kblock < blocks; ++kblock)
+      row_block<T>(p, rows.data(), a.wp, a.wpk, a.bias, a.y, n, g, kblock, oh);
+  }
+}
+
+// One per instruction set, each compiled for it (a lambda would not
+// inherit the target).
+__attribute__((target("avx512f"))) void tasks_avx512(const Problem& a, int64_t begin,
+                                                     int64_t end) {
+  task_range<Avx512>(a, begin, end);
+}
+__attribute__((target("avx2,fma"))) void tasks_avx2(const Problem& a, int64_t begin,
+                                                    int64_t end) {
+  task_range<Avx2>(a, begin, end);
+}
+void tasks_baseline(const Problem& a, int64_t begin, int64_t end) {
+  task_range<Baseline>(a, begin, end);
+}
+
+enum class Isa { kAvx512, kAvx2, kBaseline };
+// The widest the CPU has and the options allow (tests switch the wider
+// ones off to cover the others).
+Isa isa() {
+  struct Has {
+    bool avx512, avx2;
+  };
+  static const Has has = [] {
+    __builtin_cpu_init();
+    return Has{__builtin_cpu_supports("avx512f") != 0,
+               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")};
+  }();
+  if (has.avx512 && option(Option::kCpuAvx512)) return Isa::kAvx512;
+  if (has.avx2 && option(Option::kCpuAvx2)) return Isa::kAvx2;
+  return Isa::kBaseline;
+}
+
+int block_channels(Isa i) {
+  return i == Isa::kAvx512 ? Avx512::kKB : i == Isa::kAvx2 ? Avx2::kKB : Baseline::kKB;
+}
+
+}  // namespace
+
+bool blocked_fits(const ConvParams& p) {
+  return 4 * p.out_channels_per_group() >= block_channels(isa());
+}
+
+void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
+                   float* y) {
+  const Isa i = isa();
+  // Rows padded by the kernel's reach on both sides.
+  const int64_t reach_h = (p.out_h - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1;
+  const int64_t reach_w = (p.out_w - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1;
+  const int64_t hp = std::max(reach_h, p.in_h + p.pad_h);
+  const int64_t wp = std::max(reach_w, p.in_w + p.pad_w);
+  const int64_t planes = p.batch * p.in_channels;
+  std::vector<float> xpad(size_t(planes * hp * wp), 0.f);
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t pl = begin; pl < end; ++pl)
+      for (int64_t h = 0; h < p.in_h; ++h)
+        std::memcpy(&xpad[size_t((pl * hp + h + p.pad_h) * wp + p.pad_w)],
+                    x + (pl * p.in_h + h) * p.in_w, size_t(p.in_w) * sizeof(float));
+  });
+  const std::vector<float> packed = pack_weights(p, w, block_channels(i));
+  const Problem a{p, xpad.data(), packed.data(), bias, y, hp, wp};
+  auto* run = i == Isa::kAvx512 ? &tasks_avx512 : i == Isa::kAvx2 ? &tasks_avx2 : &tasks_baseline;
+  at::parallel_for(0, p.batch * p.groups * p.out_h, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+std::string blocked_isa() {
+  switch (isa()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kBaseline:
+      break;
+  }
+  return "default";
+}
+
+}  // namespace cpu
+}  // namespace conv2d_ext

@@ -1,0 +1,32 @@
+// The register-blocked float32 forward on the CPU (blocked.cpp): a block
+// of output pixels of one row times a block of output channels kept in
+// vector registers, accumulated over (input channel, tap) as outer
+// products of broadcast input values and packed weight vectors. One build
+// serves AVX-512, AVX2 and plain x86-64: the micro-kernel is compiled for
+// each and picked at run time.
+#pragma once
+
+#include <string>
+
+#include "../conv_params.h"
+
+namespace conv2d_ext {
+namespace cpu {
+
+// Whether the blocked kernel takes the problem: output channels per group
+// fill at least a quarter of its channel block (depthwise and other narrow
+// groups keep the direct loop, which wastes nothing on them).
+bool blocked_fits(const ConvParams& p);
+
+// y = conv(x, w) + bias, all NCHW contiguous float32, bias null or [K].
+// Also dgrad at unit stride: p = dgrad_as_fprop(layer), x = grad_output,
+// w = the weight transposed per group and flipped.
+void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
+                   float* y);
+
+// The instruction set the micro-kernel runs with here: "avx512", "avx2" or
+// "default".
+std::string blocked_isa();
+
+}  // namespace cpu
+}  // namespace conv2d_ext

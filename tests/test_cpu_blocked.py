@@ -1,0 +1,109 @@
+"""The CPU's register-blocked float32 forward (csrc/cpu/blocked.cpp) on each
+instruction set this CPU has (AVX-512, AVX2, baseline; options cpu_avx512
+and cpu_avx2 switch the wider ones off): against float64, shapes with
+partial pixel and channel blocks, strides, dilations, asymmetric and large
+padding, groups, batch 1, channels_last and 16-bit inputs; results
+independent of the thread count (bitwise); the plan's answer."""
+import contextlib
+
+import pytest
+import torch
+
+import conv2d_ext
+from utils import option, reference, rel_err, tolerance
+
+ops = torch.ops.conv2d_ext
+
+# (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
+CASES = {
+    "3x3": (2, 16, 13, 17, 40, (3, 3), 1, 1, 1, 1, True),
+    "stem_7x7_s2": (1, 3, 45, 38, 64, (7, 7), 2, 3, 1, 1, True),
+    "5x9_dilated": (1, 8, 30, 41, 33, (5, 9), 1, (2, 4), (2, 3), 1, False),
+    "1x1_wide_k": (3, 70, 9, 7, 100, (1, 1), 1, 0, 1, 1, True),
+    "strided_asym": (2, 6, 23, 19, 24, (3, 5), (2, 3), (1, 2), 1, 1, True),
+    "grouped": (2, 24, 11, 14, 48, (3, 3), 1, 1, 1, 2, True),
+    "pad_past_reach": (1, 4, 6, 5, 16, (2, 2), 1, 3, 1, 1, False),
+    "one_pixel_out": (1, 9, 5, 5, 20, (5, 5), 1, 0, 1, 1, True),
+}
+
+ISAS = {"avx512": dict(cpu_avx512=True, cpu_avx2=True),
+        "avx2": dict(cpu_avx512=False, cpu_avx2=True),
+        "baseline": dict(cpu_avx512=False, cpu_avx2=False)}
+
+
+@contextlib.contextmanager
+def isa(name):
+    with contextlib.ExitStack() as stack:
+        for switch, value in ISAS[name].items():
+            stack.enter_context(option(switch, value))
+        yield
+
+
+def _operands(case, seed=0, dtype=torch.float32):
+    n, c, h, w, k, ks, stride, padding, dilation, groups, bias = CASES[case]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=g).to(dtype)
+    wt = torch.randn(k, c // groups, *ks, generator=g).to(dtype)
+    b = torch.randn(k, generator=g).to(dtype) if bias else None
+    return x, wt, b, dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def _args(x, w, kw):
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
+    return (x, w, pair(kw["stride"]), pair(kw["padding"]), pair(kw["dilation"]), kw["groups"])
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_forward_against_float64(isa_name, case, layout):
+    x, w, b, kw = _operands(case)
+    if layout == "channels_last":
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+    with isa(isa_name):
+        report = ops._kernel("forward", *_args(x, w, kw), 0)
+        y = conv2d_ext.conv2d(x, w, b, **kw)
+    isa_here = report.split("isa=")[-1]
+    assert report.startswith("cpu_blocked"), report
+    assert isa_here in ("avx512", "avx2", "default")
+    if isa_name != "avx512":
+        assert isa_here != "avx512", report
+    if isa_name == "baseline":
+        assert isa_here == "default", report
+    y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"])
+    assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16_bit_runs_the_blocked_kernel(dtype):
+    x, w, b, kw = _operands("3x3", dtype=dtype)
+    assert ops._algorithm("forward", *_args(x, w, kw)) == "cpu_blocked"
+    y = conv2d_ext.conv2d(x, w, b, **kw)
+    assert y.dtype == dtype
+    y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"])
+    assert rel_err(y, y64) <= tolerance(dtype, "ieee", w[0].numel())
+
+
+@pytest.mark.parametrize("case", ["3x3", "stem_7x7_s2", "grouped"])
+def test_same_bits_for_one_and_all_threads(case):
+    x, w, b, kw = _operands(case)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        y1 = conv2d_ext.conv2d(x, w, b, **kw)
+        torch.set_num_threads(max(2, before))
+        y2 = conv2d_ext.conv2d(x, w, b, **kw)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(y1, y2)
+
+
+def test_narrow_groups_and_float64_keep_the_direct_loop():
+    """Depthwise layers would fill a channel block to a fraction; float64
+    keeps the accurate loop."""
+    x = torch.randn(2, 32, 12, 12)
+    w = torch.randn(32, 1, 3, 3)
+    assert ops._algorithm("forward", x, w, [1, 1], [1, 1], [1, 1], 32) == "direct"
+    w2 = torch.randn(8, 32, 3, 3)
+    assert ops._algorithm("forward", x.double(), w2.double(), [1, 1], [1, 1], [1, 1], 1) == "direct"
+    assert ops._algorithm("backward_input", x, w2, [1, 1], [1, 1], [1, 1], 1) == "direct"
