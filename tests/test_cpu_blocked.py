@@ -98,12 +98,32 @@ def test_same_bits_for_one_and_all_threads(case):
     assert torch.equal(y1, y2)
 
 
-def test_narrow_groups_and_float64_keep_the_direct_loop():
+def test_narrow_groups_float64_and_strided_dgrad_keep_the_direct_loop():
     """Depthwise layers would fill a channel block to a fraction; float64
-    keeps the accurate loop."""
+    keeps the accurate loop; strided dgrad is no forward."""
     x = torch.randn(2, 32, 12, 12)
     w = torch.randn(32, 1, 3, 3)
     assert ops._algorithm("forward", x, w, [1, 1], [1, 1], [1, 1], 32) == "direct"
     w2 = torch.randn(8, 32, 3, 3)
     assert ops._algorithm("forward", x.double(), w2.double(), [1, 1], [1, 1], [1, 1], 1) == "direct"
-    assert ops._algorithm("backward_input", x, w2, [1, 1], [1, 1], [1, 1], 1) == "direct"
+    assert ops._algorithm("backward_input", x, w2, [2, 2], [1, 1], [1, 1], 1) == "direct"
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", ["3x3", "5x9_dilated", "1x1_wide_k", "grouped", "one_pixel_out"])
+def test_unit_stride_dgrad_against_float64(isa_name, case):
+    """dgrad at unit stride runs the blocked forward on the transposed,
+    flipped weight."""
+    x, w, b, kw = _operands(case)
+    with isa(isa_name):
+        assert ops._algorithm("backward_input", *_args(x, w, kw)) == "cpu_blocked"
+        xg = x.clone().requires_grad_()
+        y = conv2d_ext.conv2d(xg, w, b, **kw)
+        gy = torch.randn_like(y)
+        (gx,) = torch.autograd.grad(y, [xg], gy)
+    _, gx64, _, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
+                              kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
+                              grad_out=gy)
+    k_per_group = w.shape[0] // kw["groups"]
+    assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee",
+                                          k_per_group * w.shape[2] * w.shape[3])

@@ -129,7 +129,7 @@ def test_tensor_core_layers_report_their_layout(tf32):
 def test_direct_reports_only_the_algorithm_and_the_cpu_its_instruction_set():
     assert kernel("forward", (2, 8, 16, 16), (8, 8, 3, 3), dtype=torch.float64) == "direct"
     assert kernel("forward", (2, 8, 16, 16), (8, 8, 3, 3), sm=0, dtype=torch.float64) == "direct"
-    assert kernel("backward_input", (2, 8, 16, 16), (8, 8, 3, 3), sm=0) == "direct"
+    assert kernel("backward_input", (2, 8, 16, 16), (8, 8, 3, 3), 2, sm=0) == "direct"
     algo, v = words(kernel("forward", (2, 8, 16, 16), (32, 8, 3, 3), sm=0))
     assert algo == "cpu_blocked" and v["isa"] in ("avx512", "avx2", "default")
 

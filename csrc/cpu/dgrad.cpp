@@ -1,6 +1,8 @@
-// Backward-data pass on the CPU: each task owns one (image, input channel)
-// plane of grad_input and scatters every grad_output tap that reaches it,
-// so tasks never write the same memory.
+// Backward-data pass on the CPU. Where dgrad is a forward (unit stride,
+// dgrad_is_fprop) and the plan says so, the blocked forward runs it on the
+// weight transposed per group and flipped. Otherwise each task owns one
+// (image, input channel) plane of grad_input and scatters every
+// grad_output tap that reaches it, so tasks never write the same memory.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -9,6 +11,8 @@
 
 #include "../conv_params.h"
 #include "../pass_entry.h"
+#include "../plan.h"
+#include "blocked.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -70,6 +74,19 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
       grad_output, weight, input_size, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
          at::Tensor& grad_in) {
+        if (choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo == Algo::kCpuBlocked) {
+          // Each group's [K][C][R][S] as [C][K][R][S], taps flipped: the
+          // forward weight of dgrad_as_fprop(p).
+          const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
+          const at::Tensor wt = w.view({p.groups, cout, cin, p.kernel_h, p.kernel_w})
+                                    .transpose(1, 2)
+                                    .flip({3, 4})
+                                    .reshape({p.in_channels, cout, p.kernel_h, p.kernel_w})
+                                    .contiguous();
+          fprop_blocked(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(), nullptr,
+                        grad_in.data_ptr<float>());
+          return;
+        }
         AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_dgrad_cpu", [&] {
           dgrad_direct<scalar_t>(p, go.data_ptr<scalar_t>(),
                                  w.data_ptr<scalar_t>(),
