@@ -170,11 +170,10 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
   if (dtype != at::kFloat) return plan;
-  if (sm == 0) {  // the CPU: the forward, and dgrad where it is one
-    const bool fits = pass == Pass::kFprop   ? cpu::blocked_fits(p)
-                      : pass == Pass::kDgrad ? dgrad_is_fprop(p) &&
-                                                   cpu::blocked_fits(dgrad_as_fprop(p))
-                                             : false;
+  if (sm == 0) {  // the CPU: the forward, wgrad, and dgrad where it is a forward
+    const bool fits = pass == Pass::kDgrad ? dgrad_is_fprop(p) &&
+                                                 cpu::blocked_fits(dgrad_as_fprop(p))
+                                           : cpu::blocked_fits(p);
     if (fits) plan.algo = Algo::kCpuBlocked;
     return plan;
   }

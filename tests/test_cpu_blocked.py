@@ -1,7 +1,8 @@
-"""The CPU's register-blocked float32 forward (csrc/cpu/blocked.cpp) on each
-instruction set this CPU has (AVX-512, AVX2, baseline; options cpu_avx512
-and cpu_avx2 switch the wider ones off): against float64, shapes with
-partial pixel and channel blocks, strides, dilations, asymmetric and large
+"""The CPU's register-blocked float32 kernels (csrc/cpu/blocked.cpp): the
+forward, unit-stride dgrad through it, and wgrad, on each instruction set
+this CPU has (AVX-512, AVX2, baseline; options cpu_avx512 and cpu_avx2
+switch the wider ones off): against float64, shapes with partial pixel,
+channel and entry blocks, strides, dilations, asymmetric and large
 padding, groups, batch 1, channels_last and 16-bit inputs; results
 independent of the thread count (bitwise); the plan's answer."""
 import contextlib
@@ -127,3 +128,36 @@ def test_unit_stride_dgrad_against_float64(isa_name, case):
     k_per_group = w.shape[0] // kw["groups"]
     assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee",
                                           k_per_group * w.shape[2] * w.shape[3])
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_wgrad_against_float64(isa_name, case):
+    """wgrad on the blocked kernel: output channels x (channel, tap) entries
+    summed over every pixel of the batch."""
+    x, w, b, kw = _operands(case)
+    with isa(isa_name):
+        assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_blocked"
+        wg = w.clone().requires_grad_()
+        y = conv2d_ext.conv2d(x, wg, b, **kw)
+        gy = torch.randn_like(y)
+        (gw,) = torch.autograd.grad(y, [wg], gy)
+    _, _, gw64 = reference(x, w, None, kw["stride"], kw["padding"], kw["dilation"],
+                           kw["groups"], grad_out=gy)
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
+
+
+def test_wgrad_same_bits_for_one_and_all_threads():
+    x, w, b, kw = _operands("grouped")
+    before = torch.get_num_threads()
+    grads = []
+    try:
+        for threads in (1, max(2, before)):
+            torch.set_num_threads(threads)
+            wg = w.clone().requires_grad_()
+            y = conv2d_ext.conv2d(x, wg, b, **kw)
+            grads.append(torch.autograd.grad(y, [wg], torch.ones_like(y))[0])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(*grads)

@@ -172,6 +172,94 @@ void tasks_baseline(const Problem& a, int64_t begin, int64_t end) {
   task_range<Baseline>(a, begin, end);
 }
 
+// ---- wgrad: M = output channels, N = (channel, tap) entries, K = pixels.
+// A task owns kKB output channels x kEntries entries of one group's
+// gradient and sums over every pixel of the batch: per pixel one vector
+// load of grad_output (repacked [group][image][row][column][channel] so
+// that a pixel's channel block is contiguous) serves kEntries entries, one
+// broadcast of the padded input serves kKB channels.
+constexpr int kEntries = 12;
+
+struct WgradProblem {
+  const ConvParams& p;
+  const float *xpad, *go_t;  // padded input; grad_output repacked
+  float* gw;
+  int64_t hp, wp, kpad;  // kpad: channels of go_t per pixel (blocks of kKB)
+};
+
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_task(const WgradProblem& a, int64_t g,
+                                                      int64_t kblock, int64_t e0) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kVL = T::kVL, kNV = T::kNV, kKB = T::kKB;
+  const ConvParams& p = a.p;
+  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
+  const int64_t taps = p.taps(), entries = cin * taps;
+  const int64_t count = std::min<int64_t>(kEntries, entries - e0);
+  // Each entry's input offset from its pixel's (image, row) base; entries
+  // past the end repeat the last one and are dropped.
+  int64_t off[kEntries];
+  for (int e = 0; e < kEntries; ++e) {
+    const int64_t entry = e0 + std::min<int64_t>(e, count - 1);
+    const int64_t c = entry / taps, t = entry % taps;
+    const int64_t r = t / p.kernel_w, sx = t % p.kernel_w;
+    off[e] = (c * a.hp + r * p.dilation_h) * a.wp + sx * p.dilation_w;
+  }
+  vec acc[kEntries][kNV];
+  for (int e = 0; e < kEntries; ++e)
+    for (int v = 0; v < kNV; ++v) acc[e][v] = vec{};
+  for (int64_t n = 0; n < p.batch; ++n) {
+    for (int64_t oh = 0; oh < p.out_h; ++oh) {
+      const float* xrow =
+          a.xpad + ((n * p.in_channels + g * cin) * a.hp + oh * p.stride_h) * a.wp;
+      const float* grow =
+          a.go_t + (((g * p.batch + n) * p.out_h + oh) * p.out_w) * a.kpad + kblock * kKB;
+      for (int64_t ow = 0; ow < p.out_w; ++ow) {
+        vec gv[kNV];
+        for (int v = 0; v < kNV; ++v)
+          gv[v] = *reinterpret_cast<const vec_unaligned*>(grow + ow * a.kpad + v * kVL);
+        const float* xp = xrow + ow * p.stride_w;
+#pragma GCC unroll 16
+        for (int e = 0; e < kEntries; ++e) {
+          const float xv = xp[off[e]];
+#pragma GCC unroll 4
+          for (int v = 0; v < kNV; ++v) acc[e][v] += xv * gv[v];
+        }
+      }
+    }
+  }
+  float out[kEntries][kKB];
+  std::memcpy(out, acc, sizeof(out));
+  const int64_t k0 = kblock * kKB, kvalid = std::min<int64_t>(kKB, cout - k0);
+  for (int64_t k = 0; k < kvalid; ++k)
+    for (int64_t e = 0; e < count; ++e)
+      a.gw[(g * cout + k0 + k) * entries + e0 + e] = out[e][k];
+}
+
+// Tasks [begin, end) in (group, channel block, entry block) order.
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_range(const WgradProblem& a, int64_t begin,
+                                                       int64_t end) {
+  const int64_t kblocks = a.kpad / T::kKB;
+  const int64_t eblocks = (a.p.in_channels_per_group() * a.p.taps() + kEntries - 1) / kEntries;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t eb = t % eblocks, rest = t / eblocks;
+    wgrad_task<T>(a, rest / kblocks, rest % kblocks, eb * kEntries);
+  }
+}
+__attribute__((target("avx512f"))) void wgrad_avx512(const WgradProblem& a, int64_t begin,
+                                                     int64_t end) {
+  wgrad_range<Avx512>(a, begin, end);
+}
+__attribute__((target("avx2,fma"))) void wgrad_avx2(const WgradProblem& a, int64_t begin,
+                                                    int64_t end) {
+  wgrad_range<Avx2>(a, begin, end);
+}
+void wgrad_baseline(const WgradProblem& a, int64_t begin, int64_t end) {
+  wgrad_range<Baseline>(a, begin, end);
+}
+
 enum class Isa { kAvx512, kAvx2, kBaseline };
 // The widest the CPU has and the options allow (tests switch the wider
 // ones off to cover the others).
@@ -199,24 +287,36 @@ bool blocked_fits(const ConvParams& p) {
   return 4 * p.out_channels_per_group() >= block_channels(isa());
 }
 
-void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
-                   float* y) {
-  const Isa i = isa();
-  // Rows padded by the kernel's reach on both sides.
+namespace {
+// The input copied zero-padded: planes of hp x wp, the padding on the top
+// and left, and the bottom and right out to the kernel's reach.
+struct Padded {
+  std::vector<float> data;
+  int64_t hp, wp;
+};
+Padded pad_input(const ConvParams& p, const float* x) {
   const int64_t reach_h = (p.out_h - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1;
   const int64_t reach_w = (p.out_w - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1;
-  const int64_t hp = std::max(reach_h, p.in_h + p.pad_h);
-  const int64_t wp = std::max(reach_w, p.in_w + p.pad_w);
-  const int64_t planes = p.batch * p.in_channels;
-  std::vector<float> xpad(size_t(planes * hp * wp), 0.f);
+  Padded padded{{}, std::max(reach_h, p.in_h + p.pad_h), std::max(reach_w, p.in_w + p.pad_w)};
+  const int64_t hp = padded.hp, wp = padded.wp, planes = p.batch * p.in_channels;
+  padded.data.assign(size_t(planes * hp * wp), 0.f);
+  float* const out = padded.data.data();
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pl = begin; pl < end; ++pl)
       for (int64_t h = 0; h < p.in_h; ++h)
-        std::memcpy(&xpad[size_t((pl * hp + h + p.pad_h) * wp + p.pad_w)],
+        std::memcpy(out + (pl * hp + h + p.pad_h) * wp + p.pad_w,
                     x + (pl * p.in_h + h) * p.in_w, size_t(p.in_w) * sizeof(float));
   });
+  return padded;
+}
+}  // namespace
+
+void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
+                   float* y) {
+  const Isa i = isa();
+  const Padded xpad = pad_input(p, x);
   const std::vector<float> packed = pack_weights(p, w, block_channels(i));
-  const Problem a{p, xpad.data(), packed.data(), bias, y, hp, wp};
+  const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
   auto* run = i == Isa::kAvx512 ? &tasks_avx512 : i == Isa::kAvx2 ? &tasks_avx2 : &tasks_baseline;
   at::parallel_for(0, p.batch * p.groups * p.out_h, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
@@ -232,6 +332,33 @@ std::string blocked_isa() {
       break;
   }
   return "default";
+}
+
+void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, float* grad_w) {
+  const Isa i = isa();
+  const int64_t kb = block_channels(i);
+  const int64_t cout = p.out_channels_per_group();
+  const int64_t kblocks = (cout + kb - 1) / kb, kpad = kblocks * kb;
+  const Padded xpad = pad_input(p, x);
+  // grad_output as [group][image][row][column][kpad channels], zeros past
+  // the group's channels.
+  const int64_t pixels = p.out_h * p.out_w;
+  std::vector<float> go_t(size_t(p.groups * p.batch * pixels * kpad), 0.f);
+  at::parallel_for(0, p.groups * p.batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t gn = begin; gn < end; ++gn) {
+      const int64_t g = gn / p.batch, n = gn % p.batch;
+      for (int64_t k = 0; k < cout; ++k) {
+        const float* src = grad_out + (n * p.out_channels + g * cout + k) * pixels;
+        float* dst = go_t.data() + (g * p.batch + n) * pixels * kpad + k;
+        for (int64_t q = 0; q < pixels; ++q) dst[q * kpad] = src[q];
+      }
+    }
+  });
+  const WgradProblem a{p, xpad.data.data(), go_t.data(), grad_w, xpad.hp, xpad.wp, kpad};
+  auto* run = i == Isa::kAvx512 ? &wgrad_avx512 : i == Isa::kAvx2 ? &wgrad_avx2 : &wgrad_baseline;
+  const int64_t eblocks = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
+  at::parallel_for(0, p.groups * kblocks * eblocks, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 
 }  // namespace cpu

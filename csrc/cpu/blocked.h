@@ -24,6 +24,12 @@ bool blocked_fits(const ConvParams& p);
 void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
                    float* y);
 
+// grad_w (NCHW [K][C per group][R][S], float32) of a layer from
+// grad_output and x (NCHW contiguous): the same blocking with output
+// channels x (channel, tap) entries in registers, summed over every pixel.
+// Fits where blocked_fits(p) does.
+void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, float* grad_w);
+
 // The instruction set the micro-kernel runs with here: "avx512", "avx2" or
 // "default".
 std::string blocked_isa();

@@ -1,6 +1,8 @@
-// Backward-weight pass on the CPU: each task owns one (output channel,
-// input channel) pair and reduces all of its taps over the batch and the
-// output plane in a fixed order, so the result is deterministic.
+// Backward-weight pass on the CPU: float32 (and 16-bit, on float32 copies)
+// on the blocked kernel where the plan says so (blocked.cpp); otherwise
+// each task owns one (output channel, input channel) pair and reduces all
+// of its taps over the batch and the output plane in a fixed order, so the
+// result is deterministic.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -9,6 +11,8 @@
 
 #include "../conv_params.h"
 #include "../pass_entry.h"
+#include "../plan.h"
+#include "blocked.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -69,6 +73,10 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
       grad_output, input, weight_size, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
          at::Tensor& grad_w) {
+        if (choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo == Algo::kCpuBlocked) {
+          wgrad_blocked(p, go.data_ptr<float>(), x.data_ptr<float>(), grad_w.data_ptr<float>());
+          return;
+        }
         AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_wgrad_cpu", [&] {
           wgrad_direct<scalar_t>(p, go.data_ptr<scalar_t>(),
                                  x.data_ptr<scalar_t>(),
