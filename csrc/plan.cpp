@@ -171,6 +171,10 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
   plan.algo = Algo::kDirect;
   if (dtype != at::kFloat) return plan;
   if (sm == 0) {  // the CPU: the forward, wgrad, and dgrad where it is a forward
+    if (pass == Pass::kFprop && cpu::depthwise_fits(p)) {
+      plan.algo = Algo::kCpuDepthwise;
+      return plan;
+    }
     const bool fits = pass == Pass::kDgrad ? dgrad_is_fprop(p) &&
                                                  cpu::blocked_fits(dgrad_as_fprop(p))
                                            : cpu::blocked_fits(p);
@@ -367,6 +371,7 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();
       break;
     case Algo::kCpuBlocked:
+    case Algo::kCpuDepthwise:
       out << " isa=" << cpu::blocked_isa();
       break;
     case Algo::kDirect:
@@ -401,6 +406,8 @@ const char* to_string(Algo algo) {
       return "dgrad_phases";
     case Algo::kCpuBlocked:
       return "cpu_blocked";
+    case Algo::kCpuDepthwise:
+      return "cpu_depthwise";
     case Algo::kImplicitGemmNhwc:
       return "implicit_gemm_nhwc";
   }

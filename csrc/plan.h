@@ -38,8 +38,11 @@ enum class Algo {
   // over the whole batch on NHWC operands; the forward, dgrad (unit stride
   // as one forward, larger strides one per phase) and wgrad.
   kImplicitGemmNhwc,
-  // The CPU's register-blocked float32 forward (cpu/blocked.cpp).
+  // The CPU's register-blocked float32 kernels (cpu/blocked.cpp): the
+  // forward, wgrad, and dgrad at unit stride as a forward.
   kCpuBlocked,
+  // The CPU's depthwise float32 forward (cpu/blocked.cpp).
+  kCpuDepthwise,
 };
 
 struct Plan {

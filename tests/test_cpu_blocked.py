@@ -1,5 +1,6 @@
 """The CPU's register-blocked float32 kernels (csrc/cpu/blocked.cpp): the
-forward, unit-stride dgrad through it, and wgrad, on each instruction set
+forward, unit-stride dgrad through it, wgrad, and the depthwise forward,
+on each instruction set
 this CPU has (AVX-512, AVX2, baseline; options cpu_avx512 and cpu_avx2
 switch the wider ones off): against float64, shapes with partial pixel,
 channel and entry blocks, strides, dilations, asymmetric and large
@@ -100,11 +101,13 @@ def test_same_bits_for_one_and_all_threads(case):
 
 
 def test_narrow_groups_float64_and_strided_dgrad_keep_the_direct_loop():
-    """Depthwise layers would fill a channel block to a fraction; float64
-    keeps the accurate loop; strided dgrad is no forward."""
+    """Depthwise layers would fill a channel block to a fraction (the
+    depthwise forward takes unit column strides only); float64 keeps the
+    accurate loop; strided dgrad is no forward."""
     x = torch.randn(2, 32, 12, 12)
     w = torch.randn(32, 1, 3, 3)
-    assert ops._algorithm("forward", x, w, [1, 1], [1, 1], [1, 1], 32) == "direct"
+    assert ops._algorithm("forward", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
+    assert ops._algorithm("backward_weight", x, w, [1, 1], [1, 1], [1, 1], 32) == "direct"
     w2 = torch.randn(8, 32, 3, 3)
     assert ops._algorithm("forward", x.double(), w2.double(), [1, 1], [1, 1], [1, 1], 1) == "direct"
     assert ops._algorithm("backward_input", x, w2, [2, 2], [1, 1], [1, 1], 1) == "direct"
@@ -161,3 +164,28 @@ def test_wgrad_same_bits_for_one_and_all_threads():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(*grads)
+
+
+# (N, C, H, W, depth multiplier, (R, S), stride, padding, dilation, bias)
+DEPTHWISE = {
+    "3x3": (2, 16, 14, 15, 1, (3, 3), 1, 1, 1, True),
+    "5x5_wide_row": (1, 8, 9, 77, 1, (5, 5), 1, 2, 1, False),
+    "multiplier_2_strided_rows": (2, 6, 13, 21, 2, (3, 3), (2, 1), 1, 1, True),
+    "7x7_dilated": (1, 4, 20, 18, 1, (7, 7), 1, (6, 3), (2, 1), True),
+}
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", sorted(DEPTHWISE))
+def test_depthwise_against_float64(isa_name, case):
+    n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, c, h, w_, generator=g)
+    w = torch.randn(c * mult, 1, *ks, generator=g)
+    b = torch.randn(c * mult, generator=g) if bias else None
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
+    with isa(isa_name):
+        assert ops._algorithm("forward", *_args(x, w, kw)) == "cpu_depthwise"
+        y = conv2d_ext.conv2d(x, w, b, **kw)
+    y64 = reference(x, w, b, stride, padding, dilation, c)
+    assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())

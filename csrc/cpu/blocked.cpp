@@ -260,6 +260,72 @@ void wgrad_baseline(const WgradProblem& a, int64_t begin, int64_t end) {
   wgrad_range<Baseline>(a, begin, end);
 }
 
+// ---- depthwise forward (one input channel per group, unit column
+// stride): each output plane alone, kDwVectors vectors of a row's pixels
+// in registers, every tap one broadcast weight times an unaligned load of
+// the padded input row.
+constexpr int kDwVectors = 4;
+
+struct DwProblem {
+  const ConvParams& p;
+  const float *xpad, *w, *bias;
+  float* y;
+  int64_t hp, wp;
+};
+
+template <typename T>
+__attribute__((always_inline)) inline void dw_plane(const DwProblem& a, int64_t n, int64_t k) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kVL = T::kVL, kBlock = kVL * kDwVectors;
+  const ConvParams& p = a.p;
+  const int64_t c = k / p.out_channels_per_group();  // the group's one input channel
+  const float* xplane = a.xpad + (n * p.in_channels + c) * a.hp * a.wp;
+  const float* wk = a.w + k * p.taps();
+  const float b = a.bias ? a.bias[k] : 0.f;
+  float* yplane = a.y + (n * p.out_channels + k) * p.out_h * p.out_w;
+  for (int64_t oh = 0; oh < p.out_h; ++oh) {
+    const float* xrow = xplane + oh * p.stride_h * a.wp;
+    for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kBlock) {
+      vec acc[kDwVectors];
+      for (int u = 0; u < kDwVectors; ++u) acc[u] = vec{} + b;
+      for (int64_t r = 0; r < p.kernel_h; ++r) {
+        const float* xr = xrow + r * p.dilation_h * a.wp + ow0;
+        for (int64_t sx = 0; sx < p.kernel_w; ++sx) {
+          const float wv = wk[r * p.kernel_w + sx];
+          const float* xs = xr + sx * p.dilation_w;
+#pragma GCC unroll 8
+          for (int u = 0; u < kDwVectors; ++u)
+            acc[u] += wv * *reinterpret_cast<const vec_unaligned*>(xs + u * kVL);
+        }
+      }
+      const int64_t count = std::min<int64_t>(kBlock, p.out_w - ow0);
+      if (count == kBlock) {
+        std::memcpy(yplane + oh * p.out_w + ow0, acc, sizeof(acc));
+      } else {
+        float out[kBlock];
+        std::memcpy(out, acc, sizeof(out));
+        std::memcpy(yplane + oh * p.out_w + ow0, out, size_t(count) * sizeof(float));
+      }
+    }
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t begin,
+                                                    int64_t end) {
+  for (int64_t t = begin; t < end; ++t) dw_plane<T>(a, t / a.p.out_channels, t % a.p.out_channels);
+}
+__attribute__((target("avx512f"))) void dw_avx512(const DwProblem& a, int64_t begin, int64_t end) {
+  dw_range<Avx512>(a, begin, end);
+}
+__attribute__((target("avx2,fma"))) void dw_avx2(const DwProblem& a, int64_t begin, int64_t end) {
+  dw_range<Avx2>(a, begin, end);
+}
+void dw_baseline(const DwProblem& a, int64_t begin, int64_t end) {
+  dw_range<Baseline>(a, begin, end);
+}
+
 enum class Isa { kAvx512, kAvx2, kBaseline };
 // The widest the CPU has and the options allow (tests switch the wider
 // ones off to cover the others).
@@ -294,12 +360,12 @@ struct Padded {
   std::vector<float> data;
   int64_t hp, wp;
 };
-Padded pad_input(const ConvParams& p, const float* x) {
+Padded pad_input(const ConvParams& p, const float* x, int64_t slack = 0) {
   const int64_t reach_h = (p.out_h - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1;
   const int64_t reach_w = (p.out_w - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1;
   Padded padded{{}, std::max(reach_h, p.in_h + p.pad_h), std::max(reach_w, p.in_w + p.pad_w)};
   const int64_t hp = padded.hp, wp = padded.wp, planes = p.batch * p.in_channels;
-  padded.data.assign(size_t(planes * hp * wp), 0.f);
+  padded.data.assign(size_t(planes * hp * wp + slack), 0.f);
   float* const out = padded.data.data();
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pl = begin; pl < end; ++pl)
@@ -358,6 +424,21 @@ void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, f
   auto* run = i == Isa::kAvx512 ? &wgrad_avx512 : i == Isa::kAvx2 ? &wgrad_avx2 : &wgrad_baseline;
   const int64_t eblocks = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
   at::parallel_for(0, p.groups * kblocks * eblocks, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+bool depthwise_fits(const ConvParams& p) {
+  return p.in_channels_per_group() == 1 && p.groups > 1 && p.stride_w == 1;
+}
+
+void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
+                     float* y) {
+  const Isa i = isa();
+  // Slack for a row's last block, read past the row's end and dropped.
+  const Padded xpad = pad_input(p, x, int64_t(Avx512::kVL) * kDwVectors + 1);
+  const DwProblem a{p, xpad.data.data(), w, bias, y, xpad.hp, xpad.wp};
+  auto* run = i == Isa::kAvx512 ? &dw_avx512 : i == Isa::kAvx2 ? &dw_avx2 : &dw_baseline;
+  at::parallel_for(0, p.batch * p.out_channels, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 

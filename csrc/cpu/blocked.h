@@ -30,6 +30,13 @@ void fprop_blocked(const ConvParams& p, const float* x, const float* w, const fl
 // Fits where blocked_fits(p) does.
 void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, float* grad_w);
 
+// The depthwise forward (blocked.cpp): one input channel per group, unit
+// column stride; each output plane alone, a row's pixels in vector
+// registers.
+bool depthwise_fits(const ConvParams& p);
+void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
+                     float* y);
+
 // The instruction set the micro-kernel runs with here: "avx512", "avx2" or
 // "default".
 std::string blocked_isa();

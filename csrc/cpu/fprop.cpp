@@ -70,9 +70,11 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
       input, weight, bias, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
          const at::Tensor& b, at::Tensor& y) {
-        if (choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo == Algo::kCpuBlocked) {
-          fprop_blocked(p, x.data_ptr<float>(), w.data_ptr<float>(),
-                        b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+        const Algo algo = choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo;
+        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise) {
+          auto* run = algo == Algo::kCpuBlocked ? &fprop_blocked : &fprop_depthwise;
+          run(p, x.data_ptr<float>(), w.data_ptr<float>(),
+              b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
           return;
         }
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop_cpu", [&] {

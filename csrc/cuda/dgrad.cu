@@ -117,6 +117,7 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
             return;
           case Algo::kImplicitGemmNhwc:  // not without channels_last operands
           case Algo::kCpuBlocked:  // the CPU's
+          case Algo::kCpuDepthwise:
             break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA dgrad kernel for algorithm ",

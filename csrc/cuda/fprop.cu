@@ -73,6 +73,7 @@ void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
     case Algo::kDgradPhases:      // a dgrad algorithm
     case Algo::kImplicitGemmNhwc:  // not without channels_last operands
     case Algo::kCpuBlocked:  // the CPU's
+    case Algo::kCpuDepthwise:
       break;
   }
   TORCH_CHECK(false, "conv2d_ext: no CUDA fprop kernel for algorithm ", to_string(plan.algo));

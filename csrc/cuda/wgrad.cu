@@ -58,6 +58,7 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
           case Algo::kDgradPhases:
           case Algo::kImplicitGemmNhwc:  // not without channels_last operands
           case Algo::kCpuBlocked:  // the CPU's
+          case Algo::kCpuDepthwise:
             break;
         }
         TORCH_CHECK(false, "conv2d_ext: no CUDA wgrad kernel for algorithm ",
