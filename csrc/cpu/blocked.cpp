@@ -27,6 +27,14 @@
 #include <cstring>
 #include <vector>
 
+// x86-64 compiles the wider variants with target attributes; elsewhere
+// (aarch64) they are the baseline code, never chosen.
+#if defined(__x86_64__) || defined(__i386__)
+#define CONV2D_EXT_TARGET(isa) __attribute__((target(isa)))
+#else
+#define CONV2D_EXT_TARGET(isa)
+#endif
+
 namespace conv2d_ext {
 namespace cpu {
 namespace {
@@ -160,11 +168,11 @@ __attribute__((always_inline)) inline void task_range(const Problem& a, int64_t 
 
 // One per instruction set, each compiled for it (a lambda would not
 // inherit the target).
-__attribute__((target("avx512f"))) void tasks_avx512(const Problem& a, int64_t begin,
+CONV2D_EXT_TARGET("avx512f") void tasks_avx512(const Problem& a, int64_t begin,
                                                      int64_t end) {
   task_range<Avx512>(a, begin, end);
 }
-__attribute__((target("avx2,fma"))) void tasks_avx2(const Problem& a, int64_t begin,
+CONV2D_EXT_TARGET("avx2,fma") void tasks_avx2(const Problem& a, int64_t begin,
                                                     int64_t end) {
   task_range<Avx2>(a, begin, end);
 }
@@ -248,11 +256,11 @@ __attribute__((always_inline)) inline void wgrad_range(const WgradProblem& a, in
     wgrad_task<T>(a, rest / kblocks, rest % kblocks, eb * kEntries);
   }
 }
-__attribute__((target("avx512f"))) void wgrad_avx512(const WgradProblem& a, int64_t begin,
+CONV2D_EXT_TARGET("avx512f") void wgrad_avx512(const WgradProblem& a, int64_t begin,
                                                      int64_t end) {
   wgrad_range<Avx512>(a, begin, end);
 }
-__attribute__((target("avx2,fma"))) void wgrad_avx2(const WgradProblem& a, int64_t begin,
+CONV2D_EXT_TARGET("avx2,fma") void wgrad_avx2(const WgradProblem& a, int64_t begin,
                                                     int64_t end) {
   wgrad_range<Avx2>(a, begin, end);
 }
@@ -316,10 +324,10 @@ __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t 
                                                     int64_t end) {
   for (int64_t t = begin; t < end; ++t) dw_plane<T>(a, t / a.p.out_channels, t % a.p.out_channels);
 }
-__attribute__((target("avx512f"))) void dw_avx512(const DwProblem& a, int64_t begin, int64_t end) {
+CONV2D_EXT_TARGET("avx512f") void dw_avx512(const DwProblem& a, int64_t begin, int64_t end) {
   dw_range<Avx512>(a, begin, end);
 }
-__attribute__((target("avx2,fma"))) void dw_avx2(const DwProblem& a, int64_t begin, int64_t end) {
+CONV2D_EXT_TARGET("avx2,fma") void dw_avx2(const DwProblem& a, int64_t begin, int64_t end) {
   dw_range<Avx2>(a, begin, end);
 }
 void dw_baseline(const DwProblem& a, int64_t begin, int64_t end) {
@@ -334,9 +342,13 @@ Isa isa() {
     bool avx512, avx2;
   };
   static const Has has = [] {
+#if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     return Has{__builtin_cpu_supports("avx512f") != 0,
                __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")};
+#else
+    return Has{false, false};
+#endif
   }();
   if (has.avx512 && option(Option::kCpuAvx512)) return Isa::kAvx512;
   if (has.avx2 && option(Option::kCpuAvx2)) return Isa::kAvx2;
