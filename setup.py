@@ -295,7 +295,10 @@ def make_extension():
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
     # py_limited_api=True makes torch define Py_LIMITED_API (CPython 3.10);
     # the wheel tag below must match it.
-    cxx_flags = ["-O3"]
+    # -fopenmp: at::parallel_for is inline code over OpenMP in torch's
+    # builds; without it every CPU kernel runs on one thread. The OpenMP
+    # runtime is torch's own (libtorch_cpu loads it), so nothing is linked.
+    cxx_flags = ["-O3", "-fopenmp"]
     if cuda_home is None:
         write_build_info(False, None)
         return cpp_extension.CppExtension(
