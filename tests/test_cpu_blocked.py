@@ -87,17 +87,24 @@ def test_16_bit_runs_the_blocked_kernel(dtype):
 
 
 @pytest.mark.parametrize("case", ["3x3", "stem_7x7_s2", "grouped"])
-def test_same_bits_for_one_and_all_threads(case):
+@pytest.mark.parametrize("pass_", ["forward", "backward_weight"])
+def test_same_bits_for_one_and_all_threads(case, pass_):
     x, w, b, kw = _operands(case)
+
+    def run():
+        wg = w.clone().requires_grad_()
+        y = conv2d_ext.conv2d(x, wg, b, **kw)
+        return y if pass_ == "forward" else torch.autograd.grad(y, [wg], torch.ones_like(y))[0]
+
     before = torch.get_num_threads()
+    results = []
     try:
-        torch.set_num_threads(1)
-        y1 = conv2d_ext.conv2d(x, w, b, **kw)
-        torch.set_num_threads(max(2, before))
-        y2 = conv2d_ext.conv2d(x, w, b, **kw)
+        for threads in (1, max(2, before)):
+            torch.set_num_threads(threads)
+            results.append(run())
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(y1, y2)
+    assert torch.equal(*results)
 
 
 def test_narrow_groups_float64_and_strided_dgrad_keep_the_direct_loop():
@@ -150,20 +157,6 @@ def test_wgrad_against_float64(isa_name, case):
     pixels = y.shape[0] * y.shape[2] * y.shape[3]
     assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
 
-
-def test_wgrad_same_bits_for_one_and_all_threads():
-    x, w, b, kw = _operands("grouped")
-    before = torch.get_num_threads()
-    grads = []
-    try:
-        for threads in (1, max(2, before)):
-            torch.set_num_threads(threads)
-            wg = w.clone().requires_grad_()
-            y = conv2d_ext.conv2d(x, wg, b, **kw)
-            grads.append(torch.autograd.grad(y, [wg], torch.ones_like(y))[0])
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(*grads)
 
 
 # (N, C, H, W, depth multiplier, (R, S), stride, padding, dilation, bias)

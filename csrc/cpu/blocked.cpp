@@ -51,6 +51,23 @@ using Avx512 = Traits<16, 2, 12>;
 using Avx2 = Traits<8, 2, 6>;
 using Baseline = Traits<4, 2, 6>;
 
+// name_avx512, name_avx2 and name_baseline(const Problem&, begin, end):
+// range<Traits>(...) compiled once per instruction set, each in a function
+// with its target attribute (a lambda or template instance would not
+// carry the target); pick() chooses the one to run.
+#define CONV2D_EXT_ISA_VARIANTS(name, Problem, range)                                       \
+  CONV2D_EXT_TARGET("avx512f")                                                              \
+  void name##_avx512(const Problem& a, int64_t begin, int64_t end) {                        \
+    range<Avx512>(a, begin, end);                                                           \
+  }                                                                                         \
+  CONV2D_EXT_TARGET("avx2,fma")                                                             \
+  void name##_avx2(const Problem& a, int64_t begin, int64_t end) {                          \
+    range<Avx2>(a, begin, end);                                                             \
+  }                                                                                         \
+  void name##_baseline(const Problem& a, int64_t begin, int64_t end) {                      \
+    range<Baseline>(a, begin, end);                                                         \
+  }
+
 // The weight of one group as [k block][C per group][R][S][kKB], zeros past
 // the group's last output channel.
 std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb) {
@@ -166,19 +183,7 @@ __attribute__((always_inline)) inline void task_range(const Problem& a, int64_t 
   }
 }
 
-// One per instruction set, each compiled for it (a lambda would not
-// inherit the target).
-CONV2D_EXT_TARGET("avx512f") void tasks_avx512(const Problem& a, int64_t begin,
-                                                     int64_t end) {
-  task_range<Avx512>(a, begin, end);
-}
-CONV2D_EXT_TARGET("avx2,fma") void tasks_avx2(const Problem& a, int64_t begin,
-                                                    int64_t end) {
-  task_range<Avx2>(a, begin, end);
-}
-void tasks_baseline(const Problem& a, int64_t begin, int64_t end) {
-  task_range<Baseline>(a, begin, end);
-}
+CONV2D_EXT_ISA_VARIANTS(tasks, Problem, task_range)
 
 // ---- wgrad: M = output channels, N = (channel, tap) entries, K = pixels.
 // A task owns kKB output channels x kEntries entries of one group's
@@ -256,17 +261,7 @@ __attribute__((always_inline)) inline void wgrad_range(const WgradProblem& a, in
     wgrad_task<T>(a, rest / kblocks, rest % kblocks, eb * kEntries);
   }
 }
-CONV2D_EXT_TARGET("avx512f") void wgrad_avx512(const WgradProblem& a, int64_t begin,
-                                                     int64_t end) {
-  wgrad_range<Avx512>(a, begin, end);
-}
-CONV2D_EXT_TARGET("avx2,fma") void wgrad_avx2(const WgradProblem& a, int64_t begin,
-                                                    int64_t end) {
-  wgrad_range<Avx2>(a, begin, end);
-}
-void wgrad_baseline(const WgradProblem& a, int64_t begin, int64_t end) {
-  wgrad_range<Baseline>(a, begin, end);
-}
+CONV2D_EXT_ISA_VARIANTS(wgrad, WgradProblem, wgrad_range)
 
 // ---- depthwise forward (one input channel per group, unit column
 // stride): each output plane alone, kDwVectors vectors of a row's pixels
@@ -324,15 +319,7 @@ __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t 
                                                     int64_t end) {
   for (int64_t t = begin; t < end; ++t) dw_plane<T>(a, t / a.p.out_channels, t % a.p.out_channels);
 }
-CONV2D_EXT_TARGET("avx512f") void dw_avx512(const DwProblem& a, int64_t begin, int64_t end) {
-  dw_range<Avx512>(a, begin, end);
-}
-CONV2D_EXT_TARGET("avx2,fma") void dw_avx2(const DwProblem& a, int64_t begin, int64_t end) {
-  dw_range<Avx2>(a, begin, end);
-}
-void dw_baseline(const DwProblem& a, int64_t begin, int64_t end) {
-  dw_range<Baseline>(a, begin, end);
-}
+CONV2D_EXT_ISA_VARIANTS(dw, DwProblem, dw_range)
 
 enum class Isa { kAvx512, kAvx2, kBaseline };
 // The widest the CPU has and the options allow (tests switch the wider
@@ -355,8 +342,13 @@ Isa isa() {
   return Isa::kBaseline;
 }
 
+template <typename F>
+F pick(Isa i, F avx512, F avx2, F baseline) {
+  return i == Isa::kAvx512 ? avx512 : i == Isa::kAvx2 ? avx2 : baseline;
+}
+
 int block_channels(Isa i) {
-  return i == Isa::kAvx512 ? Avx512::kKB : i == Isa::kAvx2 ? Avx2::kKB : Baseline::kKB;
+  return pick(i, Avx512::kKB, Avx2::kKB, Baseline::kKB);
 }
 
 }  // namespace
@@ -395,7 +387,7 @@ void fprop_blocked(const ConvParams& p, const float* x, const float* w, const fl
   const Padded xpad = pad_input(p, x);
   const std::vector<float> packed = pack_weights(p, w, block_channels(i));
   const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
-  auto* run = i == Isa::kAvx512 ? &tasks_avx512 : i == Isa::kAvx2 ? &tasks_avx2 : &tasks_baseline;
+  auto* run = pick(i, &tasks_avx512, &tasks_avx2, &tasks_baseline);
   at::parallel_for(0, p.batch * p.groups * p.out_h, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
@@ -433,7 +425,7 @@ void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, f
     }
   });
   const WgradProblem a{p, xpad.data.data(), go_t.data(), grad_w, xpad.hp, xpad.wp, kpad};
-  auto* run = i == Isa::kAvx512 ? &wgrad_avx512 : i == Isa::kAvx2 ? &wgrad_avx2 : &wgrad_baseline;
+  auto* run = pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline);
   const int64_t eblocks = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
   at::parallel_for(0, p.groups * kblocks * eblocks, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
@@ -449,7 +441,7 @@ void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const 
   // Slack for a row's last block, read past the row's end and dropped.
   const Padded xpad = pad_input(p, x, int64_t(Avx512::kVL) * kDwVectors + 1);
   const DwProblem a{p, xpad.data.data(), w, bias, y, xpad.hp, xpad.wp};
-  auto* run = i == Isa::kAvx512 ? &dw_avx512 : i == Isa::kAvx2 ? &dw_avx2 : &dw_baseline;
+  auto* run = pick(i, &dw_avx512, &dw_avx2, &dw_baseline);
   at::parallel_for(0, p.batch * p.out_channels, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
