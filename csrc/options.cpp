@@ -28,7 +28,7 @@ constexpr std::array<Entry, 18> kEntries{{
     {"nhwc_kernels", true},
     {"nhwc_wgrad", true},
     {"nhwc_wgmma", true},
-    {"nhwc_split_k", false},
+    {"nhwc_split_k", true},
     {"nhwc_wide_tiles", false},
     {"cpu_avx512", true},
     {"cpu_avx2", true},

@@ -50,8 +50,7 @@ enum class Option : int {
   // its mma.sync kernel covered there.
   kNhwcWgmma,
   // On Hopper the engine's forward splits K over slices where its 128-row
-  // tiles cannot fill the SMs (off by default until measured on a GPU;
-  // tests switch it on).
+  // tiles cannot fill the SMs.
   kNhwcSplitK,
   // On Hopper the engine's forward takes 128 x 256 tiles where at least
   // 256 output channels fill the SMs (off by default until measured).

@@ -10,6 +10,8 @@
 // tensor cores would truncate operands to TF32; as everywhere in TF32
 // mode, each thread first rounds the chunks it copied to nearest, in
 // place (the option nhwc_tf32_truncate leaves them to the tensor cores).
+// A K tile's wgmmas are issued before the copies of a later tile and the
+// rounding of the next, so both run while the tensor cores work.
 // Where config.h's choose_fprop splits K, grid.y is the slice: each slice
 // writes its partial sums to a workspace [slice][M][N], and a second
 // kernel adds them in slice order, with the bias, into y.
@@ -67,9 +69,10 @@ __device__ __forceinline__ void round_own_chunks(float* stage, int row0, int chu
 
 // Warpgroup wg's products over one staged K tile: its 64 A rows against
 // all BN B rows, k8 step kk 32 bytes into the swizzled 128-byte rows.
-// Retired before returning, so the next barrier frees the stage.
+// Issued only: the caller overlaps them with the next tile's copies and
+// retires them (wgmma_wait) before the barrier that frees the stage.
 template <typename T>
-__device__ __forceinline__ void wgmma_stage(float (&acc)[T::kFrags][4], const float* stage,
+__device__ __forceinline__ void issue_stage(float (&acc)[T::kFrags][4], const float* stage,
                                             int wg) {
   const uint32_t a = smem_addr(stage) + wg * 64 * cfg::kBlockK * 4;
   const uint32_t b = smem_addr(stage + kBM * cfg::kBlockK);
@@ -78,8 +81,15 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[T::kFrags][4], const fl
   for (int kk = 0; kk < cfg::kBlockK / 8; ++kk)
     wgmma_tf32_ss(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk), true);
   wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operands(acc);
+}
+
+// This thread's copies of a stage landed, rounded if asked, and handed to
+// the async proxy; a barrier must still follow before wgmma reads it.
+template <typename T>
+__device__ __forceinline__ void ready_own_chunks(float* stage, int row0, int chunk, bool round) {
+  cp_async_wait<T::kStages - 2>();
+  if (round) round_own_chunks<T>(stage, row0, chunk);
+  fence_proxy_async_smem();
 }
 
 // The accumulators (+ bias) to y, [pixel][output channel]. Warp w holds
@@ -144,16 +154,20 @@ __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN>::kBlocksPerSm)
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
 #pragma unroll
   for (int s = 0; s < T::kStages - 1; ++s) load(s);
+  auto stage = [&](int kt) { return smem + (kt % T::kStages) * T::kStageFloats; };
+  ready_own_chunks<T>(stage(0), row0, chunk, round);
+  __syncthreads();
   for (int kt = 0; kt < kts; ++kt) {
-    cp_async_wait<T::kStages - 2>();
-    if (round) round_own_chunks<T>(smem + (kt % T::kStages) * T::kStageFloats, row0, chunk);
-    fence_proxy_async_smem();
-    // Tile kt has landed for every thread and is visible to wgmma, and
-    // both warpgroups have retired their wgmmas on the stage the next copy
-    // overwrites (tile kt - 1's).
-    __syncthreads();
+    issue_stage<T>(acc, stage(kt), warp >> 2);
+    // While the tensor cores work on tile kt: refill the stage tile kt - 1
+    // used (retired before the last barrier) and ready tile kt + 1.
     load(kt + T::kStages - 1);
-    wgmma_stage<T>(acc, smem + (kt % T::kStages) * T::kStageFloats, warp >> 2);
+    ready_own_chunks<T>(stage(kt + 1), row0, chunk, round && kt + 1 < kts);
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+    // Tile kt + 1 is visible to wgmma, and both warpgroups have retired
+    // tile kt's, whose stage the next iteration's copy overwrites.
+    __syncthreads();
   }
   store_tile<T>(acc, p, out, bias, y, m0, n0, warp, lane);
 }
