@@ -51,7 +51,10 @@ def resnet18(classes=10):
 
 
 def train(model, mode, rank):
-    model = model.cuda().to(memory_format=torch.channels_last)
+    # DDP with channels_last parameters (its gradient buckets need the
+    # gradients' strides to match); FSDP2 shards only contiguous parameters.
+    layout = torch.channels_last if mode == "ddp" else torch.contiguous_format
+    model = model.cuda().to(memory_format=layout)
     if mode == "ddp":
         model = nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     else:
@@ -61,13 +64,13 @@ def train(model, mode, rank):
             if isinstance(module, Block):
                 fully_shard(module, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    # One batch per rank, learned by heart: the loss must fall.
     g = torch.Generator(device="cuda").manual_seed(100 + rank)
+    x = torch.randn(16, 3, 32, 32, device="cuda", generator=g).to(memory_format=layout)
+    target = torch.randint(0, 10, (16,), device="cuda", generator=g)
     losses = []
     for _ in range(STEPS):
-        x = torch.randn(16, 3, 32, 32, device="cuda", generator=g).to(
-            memory_format=torch.channels_last)
-        target = torch.randint(0, 10, (16,), device="cuda", generator=g)
         loss = nn.functional.cross_entropy(model(x).float(), target)
         opt.zero_grad()
         loss.backward()

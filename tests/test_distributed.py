@@ -1,8 +1,9 @@
 """Distributed training on two GPUs (skipped elsewhere): a converted
-ResNet-18 with channels_last parameters trains like the original under DDP
+ResNet-18 trains like the original under DDP with channels_last parameters
 (float32, the TF32 flag as PyTorch's default) and under FSDP2 with
-bfloat16 parameters (MixedPrecisionPolicy), 20 steps from the same weights
-and batches; DDP raises no gradient-stride warning. The ranks run in
+bfloat16 parameters (MixedPrecisionPolicy; FSDP2 shards contiguous
+parameters only), 20 steps on one batch per rank from the same weights;
+DDP raises no gradient-stride warning. The ranks run in
 tests/distributed_worker.py under torch.distributed.run."""
 import json
 import os
