@@ -3,6 +3,7 @@
 #include "cuda/few_channels/config.h"
 #include "cuda/kernel_sizes.cuh"
 #include "cpu/blocked.h"
+#include "cpu/few_pixels.h"
 #include "cuda/nhwc/config.h"
 #include "cuda/implicit_gemm/config.h"
 #include "cuda/sm90/config.h"
@@ -170,13 +171,18 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
   if (dtype != at::kFloat) return plan;
-  if (sm == 0) {  // the CPU: the forward, wgrad, and dgrad where it is a forward
+  if (sm == 0) {  // the CPU: every pass; dgrad as forwards (one per stride phase)
+    if (cpu::few_pixels_fits(p)) {
+      plan.algo = Algo::kCpuFewPixels;
+      return plan;
+    }
     if (pass == Pass::kFprop && cpu::depthwise_fits(p)) {
       plan.algo = Algo::kCpuDepthwise;
       return plan;
     }
-    const bool fits = pass == Pass::kDgrad ? dgrad_is_fprop(p) &&
-                                                 cpu::blocked_fits(dgrad_as_fprop(p))
+    // A phase's forward has dgrad_as_fprop(p)'s channels and groups, which
+    // are all blocked_fits reads.
+    const bool fits = pass == Pass::kDgrad ? cpu::blocked_fits(dgrad_as_fprop(p))
                                            : cpu::blocked_fits(p);
     if (fits) plan.algo = Algo::kCpuBlocked;
     return plan;
@@ -372,7 +378,9 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       break;
     case Algo::kCpuBlocked:
     case Algo::kCpuDepthwise:
+    case Algo::kCpuFewPixels:
       out << " isa=" << cpu::blocked_isa();
+      if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();
       break;
     case Algo::kDirect:
       break;
@@ -408,6 +416,8 @@ const char* to_string(Algo algo) {
       return "cpu_blocked";
     case Algo::kCpuDepthwise:
       return "cpu_depthwise";
+    case Algo::kCpuFewPixels:
+      return "cpu_few_pixels";
     case Algo::kImplicitGemmNhwc:
       return "implicit_gemm_nhwc";
   }

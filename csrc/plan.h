@@ -39,10 +39,13 @@ enum class Algo {
   // as one forward, larger strides one per phase) and wgrad.
   kImplicitGemmNhwc,
   // The CPU's register-blocked float32 kernels (cpu/blocked.cpp): the
-  // forward, wgrad, and dgrad at unit stride as a forward.
+  // forward, wgrad, and dgrad as forwards (one per stride phase).
   kCpuBlocked,
   // The CPU's depthwise float32 forward (cpu/blocked.cpp).
   kCpuDepthwise,
+  // The CPU's float32 kernels for few output pixels over the batch
+  // (cpu/few_pixels.cpp), all three passes.
+  kCpuFewPixels,
 };
 
 struct Plan {

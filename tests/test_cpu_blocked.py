@@ -1,6 +1,7 @@
-"""The CPU's register-blocked float32 kernels (csrc/cpu/blocked.cpp): the
-forward, unit-stride dgrad through it, wgrad, and the depthwise forward,
-on each instruction set
+"""The CPU's float32 kernels: the register-blocked ones (csrc/cpu/blocked.cpp:
+the forward, dgrad through it at unit stride and by stride phases, wgrad,
+and the depthwise forward) and the few-pixel ones (csrc/cpu/few_pixels.cpp,
+all three passes), on each instruction set
 this CPU has (AVX-512, AVX2, baseline; options cpu_avx512 and cpu_avx2
 switch the wider ones off): against float64, shapes with partial pixel,
 channel and entry blocks, strides, dilations, asymmetric and large
@@ -25,7 +26,13 @@ CASES = {
     "strided_asym": (2, 6, 23, 19, 24, (3, 5), (2, 3), (1, 2), 1, 1, True),
     "grouped": (2, 24, 11, 14, 48, (3, 3), 1, 1, 1, 2, True),
     "pad_past_reach": (1, 4, 6, 5, 16, (2, 2), 1, 3, 1, 1, False),
-    "one_pixel_out": (1, 9, 5, 5, 20, (5, 5), 1, 0, 1, 1, True),
+    # One output pixel a row, over more images than the few-pixel kernels take.
+    "one_pixel_out": (70, 9, 5, 5, 20, (5, 5), 1, 0, 1, 1, True),
+    # Strided dgrad: a 4x4 kernel at stride 3 leaves phases with one and two
+    # taps; a 1x1 kernel at stride 2 leaves three of four phases unreached.
+    "strided_asym_12": (2, 12, 23, 19, 24, (3, 5), (2, 3), (1, 2), 1, 1, True),
+    "grouped_strided": (2, 16, 33, 31, 32, (4, 4), 3, (2, 1), 1, 2, False),
+    "1x1_stride_2": (2, 24, 15, 16, 40, (1, 1), 2, 0, 1, 1, True),
 }
 
 ISAS = {"avx512": dict(cpu_avx512=True, cpu_avx2=True),
@@ -107,17 +114,38 @@ def test_same_bits_for_one_and_all_threads(case, pass_):
     assert torch.equal(*results)
 
 
-def test_narrow_groups_float64_and_strided_dgrad_keep_the_direct_loop():
+def test_narrow_groups_and_float64_keep_the_direct_loop():
     """Depthwise layers would fill a channel block to a fraction (the
     depthwise forward takes unit column strides only); float64 keeps the
-    accurate loop; strided dgrad is no forward."""
+    accurate loop."""
     x = torch.randn(2, 32, 12, 12)
     w = torch.randn(32, 1, 3, 3)
     assert ops._algorithm("forward", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
     assert ops._algorithm("backward_weight", x, w, [1, 1], [1, 1], [1, 1], 32) == "direct"
     w2 = torch.randn(8, 32, 3, 3)
     assert ops._algorithm("forward", x.double(), w2.double(), [1, 1], [1, 1], [1, 1], 1) == "direct"
-    assert ops._algorithm("backward_input", x, w2, [2, 2], [1, 1], [1, 1], 1) == "direct"
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", ["strided_asym_12", "grouped_strided", "1x1_stride_2"])
+def test_strided_dgrad_by_phases_against_float64(isa_name, case):
+    """dgrad at stride > 1: one blocked forward per stride phase, each over
+    its sub-kernel (phases no tap reaches are zeros)."""
+    x, w, b, kw = _operands(case)
+    with isa(isa_name):
+        report = ops._kernel("backward_input", *_args(x, w, kw), 0)
+        xg = x.clone().requires_grad_()
+        y = conv2d_ext.conv2d(xg, w, b, **kw)
+        gy = torch.randn_like(y)
+        (gx,) = torch.autograd.grad(y, [xg], gy)
+    strides = [kw["stride"]] * 2 if isinstance(kw["stride"], int) else kw["stride"]
+    assert report.startswith("cpu_blocked") and f"phases={strides[0] * strides[1]}" in report
+    _, gx64, _, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
+                              kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
+                              grad_out=gy)
+    k_per_group = w.shape[0] // kw["groups"]
+    assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee",
+                                          k_per_group * w.shape[2] * w.shape[3])
 
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
@@ -182,3 +210,78 @@ def test_depthwise_against_float64(isa_name, case):
         y = conv2d_ext.conv2d(x, w, b, **kw)
     y64 = reference(x, w, b, stride, padding, dilation, c)
     assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())
+
+
+# Few output pixels over the batch (<= 64): (N, C, H, W, K, (R, S), stride,
+# padding, dilation, groups, bias). Reductions J = C/groups * R * S with and
+# without a tail past the kernels' column chunks, K not a multiple of 4.
+FEW_PIXELS = {
+    "1x1_plane": (1, 256, 1, 1, 70, (1, 1), 1, 0, 1, 1, True),
+    "3x3_plane_3x3": (1, 40, 3, 3, 37, (3, 3), 1, 1, 1, 1, True),
+    "strided_dilated_grouped": (2, 12, 7, 6, 18, (3, 2), (2, 3), (1, 0), (2, 1), 3, True),
+    "pad_past_reach": (1, 5, 2, 2, 9, (2, 2), 1, 2, 1, 1, False),
+    "depthwise": (2, 8, 4, 4, 16, (3, 3), 1, 1, 1, 8, True),
+    "batch_3_7x7_s2": (3, 33, 7, 7, 20, (3, 3), 2, 1, 1, 1, True),
+}
+
+
+def _few(case, seed=2):
+    n, c, h, w, k, ks, stride, padding, dilation, groups, bias = FEW_PIXELS[case]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=g)
+    wt = torch.randn(k, c // groups, *ks, generator=g)
+    b = torch.randn(k, generator=g) if bias else None
+    return x, wt, b, dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def _all_passes(x, w, b, kw, gy=None):
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = conv2d_ext.conv2d(xg, wg, b, **kw)
+    gy = torch.randn_like(y) if gy is None else gy
+    gx, gw = torch.autograd.grad(y, [xg, wg], gy)
+    return y, gx, gw, gy
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", sorted(FEW_PIXELS))
+def test_few_pixels_against_float64(isa_name, case):
+    x, w, b, kw = _few(case)
+    with isa(isa_name):
+        for pass_ in ("forward", "backward_input", "backward_weight"):
+            assert ops._algorithm(pass_, *_args(x, w, kw)) == "cpu_few_pixels", pass_
+        y, gx, gw, gy = _all_passes(x, w, b, kw)
+    y64, gx64, gw64, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
+                                   kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
+                                   grad_out=gy)
+    k_per_group = w.shape[0] // kw["groups"]
+    assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())
+    assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee",
+                                          k_per_group * w.shape[2] * w.shape[3])
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
+
+
+@pytest.mark.parametrize("case", ["3x3_plane_3x3", "strided_dilated_grouped"])
+def test_few_pixels_same_bits_for_one_and_all_threads(case):
+    x, w, b, kw = _few(case)
+    gy = torch.randn(conv2d_ext.conv2d(x, w, b, **kw).shape)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, max(2, before)):
+            torch.set_num_threads(threads)
+            results.append(_all_passes(x, w, b, kw, gy)[:3])
+    finally:
+        torch.set_num_threads(before)
+    for one, many in zip(*results):
+        assert torch.equal(one, many)
+
+
+def test_few_pixels_bound():
+    """64 output pixels over the batch take the few-pixel kernels, 65 the
+    blocked ones."""
+    w = torch.randn(32, 16, 1, 1)
+    assert ops._algorithm("forward", torch.randn(4, 16, 4, 4), w, [1, 1], [0, 0], [1, 1],
+                          1) == "cpu_few_pixels"
+    assert ops._algorithm("forward", torch.randn(1, 16, 5, 13), w, [1, 1], [0, 0], [1, 1],
+                          1) == "cpu_blocked"

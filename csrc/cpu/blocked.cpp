@@ -11,14 +11,13 @@
 // loops run without bounds checks; pixels past the row's end are computed
 // on the slack and dropped.
 //
-// The micro-kernel is written once over GCC/Clang vector extensions and
-// compiled three times, for AVX-512, AVX2 + FMA and baseline x86-64, in
-// functions with the matching target attribute; the first the CPU supports
-// runs. Sums run in a fixed order per output, so results do not depend on
-// the thread count.
+// The micro-kernels are compiled once per instruction set (isa.h). Sums
+// run in a fixed order per output, so results do not depend on the thread
+// count.
 #include "blocked.h"
 
 #include "../options.h"
+#include "isa.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,14 +25,6 @@
 #include <algorithm>
 #include <cstring>
 #include <vector>
-
-// x86-64 compiles the wider variants with target attributes; elsewhere
-// (aarch64) they are the baseline code, never chosen.
-#if defined(__x86_64__) || defined(__i386__)
-#define CONV2D_EXT_TARGET(isa) __attribute__((target(isa)))
-#else
-#define CONV2D_EXT_TARGET(isa)
-#endif
 
 namespace conv2d_ext {
 namespace cpu {
@@ -50,23 +41,6 @@ struct Traits {
 using Avx512 = Traits<16, 2, 12>;
 using Avx2 = Traits<8, 2, 6>;
 using Baseline = Traits<4, 2, 6>;
-
-// name_avx512, name_avx2 and name_baseline(const Problem&, begin, end):
-// range<Traits>(...) compiled once per instruction set, each in a function
-// with its target attribute (a lambda or template instance would not
-// carry the target); pick() chooses the one to run.
-#define CONV2D_EXT_ISA_VARIANTS(name, Problem, range)                                       \
-  CONV2D_EXT_TARGET("avx512f")                                                              \
-  void name##_avx512(const Problem& a, int64_t begin, int64_t end) {                        \
-    range<Avx512>(a, begin, end);                                                           \
-  }                                                                                         \
-  CONV2D_EXT_TARGET("avx2,fma")                                                             \
-  void name##_avx2(const Problem& a, int64_t begin, int64_t end) {                          \
-    range<Avx2>(a, begin, end);                                                             \
-  }                                                                                         \
-  void name##_baseline(const Problem& a, int64_t begin, int64_t end) {                      \
-    range<Baseline>(a, begin, end);                                                         \
-  }
 
 // The weight of one group as [k block][C per group][R][S][kKB], zeros past
 // the group's last output channel.
@@ -321,9 +295,12 @@ __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t 
 }
 CONV2D_EXT_ISA_VARIANTS(dw, DwProblem, dw_range)
 
-enum class Isa { kAvx512, kAvx2, kBaseline };
-// The widest the CPU has and the options allow (tests switch the wider
-// ones off to cover the others).
+int block_channels(Isa i) {
+  return pick(i, Avx512::kKB, Avx2::kKB, Baseline::kKB);
+}
+
+}  // namespace
+
 Isa isa() {
   struct Has {
     bool avx512, avx2;
@@ -341,17 +318,6 @@ Isa isa() {
   if (has.avx2 && option(Option::kCpuAvx2)) return Isa::kAvx2;
   return Isa::kBaseline;
 }
-
-template <typename F>
-F pick(Isa i, F avx512, F avx2, F baseline) {
-  return i == Isa::kAvx512 ? avx512 : i == Isa::kAvx2 ? avx2 : baseline;
-}
-
-int block_channels(Isa i) {
-  return pick(i, Avx512::kKB, Avx2::kKB, Baseline::kKB);
-}
-
-}  // namespace
 
 bool blocked_fits(const ConvParams& p) {
   return 4 * p.out_channels_per_group() >= block_channels(isa());

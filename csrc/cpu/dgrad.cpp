@@ -1,6 +1,8 @@
-// Backward-data pass on the CPU. Where dgrad is a forward (unit stride,
-// dgrad_is_fprop) and the plan says so, the blocked forward runs it on the
-// weight transposed per group and flipped. Otherwise each task owns one
+// Backward-data pass on the CPU. Where the plan takes the blocked kernel,
+// dgrad runs as forwards on the weight transposed per group and flipped:
+// one at unit stride (dgrad_is_fprop), else one per stride phase of
+// grad_input (dgrad_phases), each over its sub-kernel, so no multiply-add
+// touches the zeros a stride inserts. Otherwise each task owns one
 // (image, input channel) plane of grad_input and scatters every
 // grad_output tap that reaches it, so tasks never write the same memory.
 #include <ATen/ATen.h>
@@ -13,6 +15,7 @@
 #include "../pass_entry.h"
 #include "../plan.h"
 #include "blocked.h"
+#include "few_pixels.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -63,6 +66,48 @@ void dgrad_direct(const ConvParams& p, const T* grad_out, const T* w,
   });
 }
 
+// Each group's [K][C][R][S] as [C][K][R][S], taps flipped: the forward
+// weight of dgrad_as_fprop(p), of which a phase's sub-kernel is a strided
+// slice.
+at::Tensor dgrad_weight(const ConvParams& p, const at::Tensor& w) {
+  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
+  return w.view({p.groups, cout, cin, p.kernel_h, p.kernel_w})
+      .transpose(1, 2)
+      .flip({3, 4})
+      .reshape({p.in_channels, cout, p.kernel_h, p.kernel_w});
+}
+
+// Strided dgrad phase by phase: each phase's forward writes a compact
+// tensor, copied into its strided slice of grad_input.
+void dgrad_blocked_phases(const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
+                          at::Tensor& grad_in) {
+  const at::Tensor flipped = dgrad_weight(p, w);
+  for (const DgradPhase& ph : dgrad_phases(p)) {
+    const ConvParams& f = ph.fprop;
+    at::Tensor dst = grad_in.slice(2, ph.row0, p.in_h, p.stride_h)
+                         .slice(3, ph.col0, p.in_w, p.stride_w);
+    if (f.kernel_h == 0 || f.kernel_w == 0) {
+      dst.zero_();
+      continue;
+    }
+    // Sub-kernel row u is kernel row kh_last - u * kh_step: flipped row
+    // KH - 1 - kh_last + u * kh_step.
+    const at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
+                               .slice(3, p.kernel_w - 1 - ph.kw_last, p.kernel_w, ph.kw_step)
+                               .contiguous();
+    TORCH_CHECK(sub.size(2) == f.kernel_h && sub.size(3) == f.kernel_w,
+                "conv2d_ext: internal error: dgrad phase sub-kernel ", sub.sizes());
+    // A phase whose first tap reads past grad_output's first row reads it
+    // from a later row (dgrad_phases).
+    const at::Tensor src = ph.row_skip > 0 || ph.col_skip > 0
+                               ? go.slice(2, ph.row_skip).slice(3, ph.col_skip).contiguous()
+                               : go;
+    at::Tensor y = at::empty({p.batch, p.in_channels, f.out_h, f.out_w}, grad_in.options());
+    fprop_blocked(f, src.data_ptr<float>(), sub.data_ptr<float>(), nullptr, y.data_ptr<float>());
+    dst.copy_(y);
+  }
+}
+
 at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                      const at::Tensor& weight,
                                      c10::IntArrayRef input_size,
@@ -74,15 +119,18 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
       grad_output, weight, input_size, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
          at::Tensor& grad_in) {
-        if (choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo == Algo::kCpuBlocked) {
-          // Each group's [K][C][R][S] as [C][K][R][S], taps flipped: the
-          // forward weight of dgrad_as_fprop(p).
-          const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
-          const at::Tensor wt = w.view({p.groups, cout, cin, p.kernel_h, p.kernel_w})
-                                    .transpose(1, 2)
-                                    .flip({3, 4})
-                                    .reshape({p.in_channels, cout, p.kernel_h, p.kernel_w})
-                                    .contiguous();
+        const Algo algo = choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo;
+        if (algo == Algo::kCpuFewPixels) {
+          dgrad_few_pixels(p, go.data_ptr<float>(), w.data_ptr<float>(),
+                           grad_in.data_ptr<float>());
+          return;
+        }
+        if (algo == Algo::kCpuBlocked) {
+          if (!dgrad_is_fprop(p)) {
+            dgrad_blocked_phases(p, go, w, grad_in);
+            return;
+          }
+          const at::Tensor wt = dgrad_weight(p, w).contiguous();
           fprop_blocked(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(), nullptr,
                         grad_in.data_ptr<float>());
           return;

@@ -13,6 +13,7 @@
 #include "../pass_entry.h"
 #include "../plan.h"
 #include "blocked.h"
+#include "few_pixels.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -71,8 +72,11 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
       [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
          const at::Tensor& b, at::Tensor& y) {
         const Algo algo = choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo;
-        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise) {
-          auto* run = algo == Algo::kCpuBlocked ? &fprop_blocked : &fprop_depthwise;
+        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
+            algo == Algo::kCpuFewPixels) {
+          auto* run = algo == Algo::kCpuBlocked     ? &fprop_blocked
+                      : algo == Algo::kCpuDepthwise ? &fprop_depthwise
+                                                    : &fprop_few_pixels;
           run(p, x.data_ptr<float>(), w.data_ptr<float>(),
               b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
           return;

@@ -13,6 +13,7 @@
 #include "../pass_entry.h"
 #include "../plan.h"
 #include "blocked.h"
+#include "few_pixels.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -73,8 +74,10 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
       grad_output, input, weight_size, stride, padding, dilation, groups,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
          at::Tensor& grad_w) {
-        if (choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo == Algo::kCpuBlocked) {
-          wgrad_blocked(p, go.data_ptr<float>(), x.data_ptr<float>(), grad_w.data_ptr<float>());
+        const Algo algo = choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo;
+        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuFewPixels) {
+          auto* run = algo == Algo::kCpuBlocked ? &wgrad_blocked : &wgrad_few_pixels;
+          run(p, go.data_ptr<float>(), x.data_ptr<float>(), grad_w.data_ptr<float>());
           return;
         }
         AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_wgrad_cpu", [&] {

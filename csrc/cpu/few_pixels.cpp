@@ -1,0 +1,358 @@
+// The few-pixel kernels (few_pixels.h).
+//
+// GEMM view per group g: M = output pixels of all images, K = output
+// channels of the group, J = C per group * R * S; the weight W_g is
+// [K][J] as stored. The input is first gathered into col_g [M][J] (each
+// pixel's receptive field, zeros in the padding), and grad_output into
+// go_g [K][M]. Then
+//   fprop  y[m][k]     = sum_j W_g[k][j] col_g[m][j]  dot products along J,
+//   dgrad  dcol[m][j]  = sum_k W_g[k][j] go_g[k][m]   rows of W along J,
+//                       added back into grad_input's pixels (col2im),
+//   wgrad  gw[k][j]    = sum_m go_g[k][m] col_g[m][j] rows of gw along J,
+// every one vectorised along J, where the weight's rows are contiguous. M
+// is small, so col_g and go_g stay in cache and the weight is read once.
+// Each output's sum runs in a fixed order, whatever the thread count.
+#include "few_pixels.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "isa.h"
+
+namespace conv2d_ext {
+namespace cpu {
+namespace {
+
+// kVL floats a vector (a typedef with a vector size that depends on a
+// template parameter would lose its vector type, so each is spelled out).
+#define CONV2D_EXT_VECTOR_TRAITS(Name, lanes)                                                \
+  struct Name {                                                                             \
+    static constexpr int kVL = lanes;                                                       \
+    typedef float vec __attribute__((vector_size(lanes * sizeof(float))));                  \
+    typedef float vec_unaligned __attribute__((vector_size(lanes * sizeof(float)), aligned(4))); \
+  };
+CONV2D_EXT_VECTOR_TRAITS(Avx512, 16)
+CONV2D_EXT_VECTOR_TRAITS(Avx2, 8)
+CONV2D_EXT_VECTOR_TRAITS(Baseline, 4)
+#undef CONV2D_EXT_VECTOR_TRAITS
+
+// A tile: kRows weight rows (or kRows output channels) x kPix pixels, or
+// kPix pixels x kCols vectors along J; 16 accumulators, within every
+// instruction set's registers.
+constexpr int kRows = 4, kPix = 4, kCols = 4;
+
+// Columns J are walked kCols vectors at a time in dgrad and wgrad; each
+// task owns one such chunk (the last one partial, its tail scalar).
+template <typename T>
+constexpr int64_t chunk_floats() {
+  return int64_t(T::kVL) * kCols;
+}
+
+struct Geometry {
+  int64_t m, j, kg, groups;
+};
+Geometry geometry(const ConvParams& p) {
+  return {p.batch * p.out_h * p.out_w, p.in_channels_per_group() * p.taps(),
+          p.out_channels_per_group(), p.groups};
+}
+
+// col [group][M][J]: pixel m's receptive field, zeros in the padding.
+std::vector<float> gather_columns(const ConvParams& p, const float* x) {
+  const Geometry G = geometry(p);
+  const int64_t cin = p.in_channels_per_group(), pq = p.out_h * p.out_w;
+  std::vector<float> col(size_t(G.groups * G.m * G.j));
+  at::parallel_for(0, G.groups * G.m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t gm = begin; gm < end; ++gm) {
+      const int64_t g = gm / G.m, m = gm % G.m;
+      const int64_t n = m / pq, oh = (m % pq) / p.out_w, ow = m % p.out_w;
+      float* dst = col.data() + gm * G.j;
+      for (int64_t c = 0; c < cin; ++c) {
+        const float* plane = x + ((n * p.in_channels + g * cin + c) * p.in_h) * p.in_w;
+        for (int64_t r = 0; r < p.kernel_h; ++r) {
+          const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+          for (int64_t s = 0; s < p.kernel_w; ++s) {
+            const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
+            const bool in = ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w;
+            *dst++ = in ? plane[ih * p.in_w + iw] : 0.f;
+          }
+        }
+      }
+    }
+  });
+  return col;
+}
+
+// grad_output as [group][K][M].
+std::vector<float> gather_grad_out(const ConvParams& p, const float* go) {
+  const Geometry G = geometry(p);
+  const int64_t pq = p.out_h * p.out_w;
+  std::vector<float> out(size_t(p.out_channels * G.m));
+  for (int64_t k = 0; k < p.out_channels; ++k)
+    for (int64_t n = 0; n < p.batch; ++n)
+      std::memcpy(out.data() + k * G.m + n * pq, go + (n * p.out_channels + k) * pq,
+                  size_t(pq) * sizeof(float));
+  return out;
+}
+
+// Where output pixel m of output channel k (of all K) lies in y.
+inline int64_t y_offset(const ConvParams& p, int64_t k, int64_t m) {
+  const int64_t pq = p.out_h * p.out_w;
+  return ((m / pq) * p.out_channels + k) * pq + m % pq;
+}
+
+template <typename T>
+using vec = typename T::vec;
+
+template <typename T>
+__attribute__((always_inline)) inline vec<T> load(const float* at) {
+  return *reinterpret_cast<const typename T::vec_unaligned*>(at);
+}
+template <typename T>
+__attribute__((always_inline)) inline void store(float* at, vec<T> v) {
+  *reinterpret_cast<typename T::vec_unaligned*>(at) = v;
+}
+// Lanes summed in order.
+template <typename T>
+__attribute__((always_inline)) inline float lane_sum(vec<T> v) {
+  float s = 0.f;
+  for (int l = 0; l < T::kVL; ++l) s += v[l];
+  return s;
+}
+
+// ---- fprop: a task is kRows output channels of one group, every pixel.
+struct Fprop {
+  const ConvParams& p;
+  const float *col, *w, *bias;
+  float* y;
+  Geometry G;
+};
+
+template <typename T>
+__attribute__((always_inline)) inline void fprop_tile(const Fprop& a, int64_t g, int64_t k0,
+                                                      int64_t m0) {
+  const Geometry& G = a.G;
+  const int64_t jv = G.j - G.j % T::kVL;
+  // Rows and pixels past the end repeat the last and are dropped.
+  const float* wr[kRows];
+  const float* cr[kPix];
+  for (int r = 0; r < kRows; ++r)
+    wr[r] = a.w + (g * G.kg + std::min<int64_t>(k0 + r, G.kg - 1)) * G.j;
+  for (int q = 0; q < kPix; ++q)
+    cr[q] = a.col + (g * G.m + std::min<int64_t>(m0 + q, G.m - 1)) * G.j;
+  vec<T> acc[kRows][kPix];
+  for (int r = 0; r < kRows; ++r)
+    for (int q = 0; q < kPix; ++q) acc[r][q] = vec<T>{};
+  for (int64_t j = 0; j < jv; j += T::kVL) {
+    vec<T> wv[kRows], cv[kPix];
+    for (int r = 0; r < kRows; ++r) wv[r] = load<T>(wr[r] + j);
+    for (int q = 0; q < kPix; ++q) cv[q] = load<T>(cr[q] + j);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+      for (int q = 0; q < kPix; ++q) acc[r][q] += wv[r] * cv[q];
+  }
+  for (int r = 0; r < kRows && k0 + r < G.kg; ++r) {
+    const int64_t k = g * G.kg + k0 + r;
+    for (int q = 0; q < kPix && m0 + q < G.m; ++q) {
+      float sum = lane_sum<T>(acc[r][q]);
+      for (int64_t j = jv; j < G.j; ++j) sum += wr[r][j] * cr[q][j];
+      a.y[y_offset(a.p, k, m0 + q)] = sum + (a.bias ? a.bias[k] : 0.f);
+    }
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void fprop_range(const Fprop& a, int64_t begin,
+                                                       int64_t end) {
+  const int64_t kblocks = (a.G.kg + kRows - 1) / kRows;
+  for (int64_t t = begin; t < end; ++t)
+    for (int64_t m0 = 0; m0 < a.G.m; m0 += kPix)
+      fprop_tile<T>(a, t / kblocks, (t % kblocks) * kRows, m0);
+}
+CONV2D_EXT_ISA_VARIANTS(fprop, Fprop, fprop_range)
+
+// ---- dgrad: a task is one chunk of J of one group, every pixel; the
+// columns' gradients go to dcol [group][M][J].
+struct Dgrad {
+  const float *go, *w;  // go: [group][K][M]
+  float* dcol;
+  Geometry G;
+};
+
+template <typename T>
+__attribute__((always_inline)) inline void dgrad_tile(const Dgrad& a, int64_t g, int64_t j0,
+                                                      int64_t m0) {
+  const Geometry& G = a.G;
+  constexpr int64_t kWidth = chunk_floats<T>();
+  const float* const wg = a.w + g * G.kg * G.j;
+  const float* const gog = a.go + g * G.kg * G.m;
+  const int64_t mq = std::min<int64_t>(kPix, G.m - m0);
+  if (j0 + kWidth <= G.j) {
+    vec<T> acc[kPix][kCols];
+    for (int q = 0; q < kPix; ++q)
+      for (int c = 0; c < kCols; ++c) acc[q][c] = vec<T>{};
+    for (int64_t k = 0; k < G.kg; ++k) {
+      vec<T> wv[kCols];
+      for (int c = 0; c < kCols; ++c) wv[c] = load<T>(wg + k * G.j + j0 + c * T::kVL);
+      // Pixels past the end repeat the last and are dropped.
+      float gv[kPix];
+      for (int q = 0; q < kPix; ++q) gv[q] = gog[k * G.m + m0 + std::min<int64_t>(q, mq - 1)];
+#pragma GCC unroll 4
+      for (int q = 0; q < kPix; ++q)
+#pragma GCC unroll 4
+        for (int c = 0; c < kCols; ++c) acc[q][c] += gv[q] * wv[c];
+    }
+    for (int64_t q = 0; q < mq; ++q)
+      for (int c = 0; c < kCols; ++c)
+        store<T>(a.dcol + (g * G.m + m0 + q) * G.j + j0 + c * T::kVL, acc[q][c]);
+    return;
+  }
+  // The last, partial chunk: the same sums, one column at a time.
+  for (int64_t q = 0; q < mq; ++q)
+    for (int64_t j = j0; j < G.j; ++j) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < G.kg; ++k) sum += wg[k * G.j + j] * gog[k * G.m + m0 + q];
+      a.dcol[(g * G.m + m0 + q) * G.j + j] = sum;
+    }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void dgrad_range(const Dgrad& a, int64_t begin,
+                                                       int64_t end) {
+  const int64_t chunks = (a.G.j + chunk_floats<T>() - 1) / chunk_floats<T>();
+  for (int64_t t = begin; t < end; ++t)
+    for (int64_t m0 = 0; m0 < a.G.m; m0 += kPix)
+      dgrad_tile<T>(a, t / chunks, (t % chunks) * chunk_floats<T>(), m0);
+}
+CONV2D_EXT_ISA_VARIANTS(dgrad, Dgrad, dgrad_range)
+
+// ---- wgrad: a task is kRows output channels x one chunk of J of one
+// group, summed over every pixel.
+struct Wgrad {
+  const float *go, *col;  // go: [group][K][M]
+  float* gw;
+  Geometry G;
+};
+
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_tile(const Wgrad& a, int64_t g, int64_t k0,
+                                                      int64_t j0) {
+  const Geometry& G = a.G;
+  constexpr int64_t kWidth = chunk_floats<T>();
+  const int64_t kr = std::min<int64_t>(kRows, G.kg - k0);
+  const float* const gor = a.go + (g * G.kg + k0) * G.m;
+  const float* const colg = a.col + g * G.m * G.j;
+  float* const gwr = a.gw + (g * G.kg + k0) * G.j;
+  if (j0 + kWidth <= G.j) {
+    vec<T> acc[kRows][kCols];
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kCols; ++c) acc[r][c] = vec<T>{};
+    for (int64_t m = 0; m < G.m; ++m) {
+      vec<T> cv[kCols];
+      for (int c = 0; c < kCols; ++c) cv[c] = load<T>(colg + m * G.j + j0 + c * T::kVL);
+      // Rows past the end repeat the last and are dropped.
+      float gv[kRows];
+      for (int r = 0; r < kRows; ++r) gv[r] = gor[std::min<int64_t>(r, kr - 1) * G.m + m];
+#pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < kCols; ++c) acc[r][c] += gv[r] * cv[c];
+    }
+    for (int64_t r = 0; r < kr; ++r)
+      for (int c = 0; c < kCols; ++c) store<T>(gwr + r * G.j + j0 + c * T::kVL, acc[r][c]);
+    return;
+  }
+  for (int64_t r = 0; r < kr; ++r)
+    for (int64_t j = j0; j < G.j; ++j) {
+      float sum = 0.f;
+      for (int64_t m = 0; m < G.m; ++m) sum += gor[r * G.m + m] * colg[m * G.j + j];
+      gwr[r * G.j + j] = sum;
+    }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_range(const Wgrad& a, int64_t begin,
+                                                       int64_t end) {
+  const int64_t chunks = (a.G.j + chunk_floats<T>() - 1) / chunk_floats<T>();
+  const int64_t kblocks = (a.G.kg + kRows - 1) / kRows;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t chunk = t % chunks, rest = t / chunks;
+    wgrad_tile<T>(a, rest / kblocks, (rest % kblocks) * kRows, chunk * chunk_floats<T>());
+  }
+}
+CONV2D_EXT_ISA_VARIANTS(wgrad, Wgrad, wgrad_range)
+
+int64_t chunks(Isa i, int64_t j) {
+  const int64_t width = pick(i, chunk_floats<Avx512>(), chunk_floats<Avx2>(),
+                             chunk_floats<Baseline>());
+  return (j + width - 1) / width;
+}
+
+}  // namespace
+
+void fprop_few_pixels(const ConvParams& p, const float* x, const float* w, const float* bias,
+                      float* y) {
+  const Geometry G = geometry(p);
+  if (G.m == 0) return;
+  const std::vector<float> col = gather_columns(p, x);
+  const Fprop a{p, col.data(), w, bias, y, G};
+  auto* run = pick(isa(), &fprop_avx512, &fprop_avx2, &fprop_baseline);
+  at::parallel_for(0, G.groups * ((G.kg + kRows - 1) / kRows), 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+void dgrad_few_pixels(const ConvParams& p, const float* grad_out, const float* w,
+                      float* grad_in) {
+  const Geometry G = geometry(p);
+  const int64_t cin = p.in_channels_per_group(), pq = p.out_h * p.out_w;
+  const int64_t in_plane = p.in_h * p.in_w;
+  std::vector<float> dcol(size_t(G.groups * G.m * G.j));
+  if (G.m > 0) {
+    const std::vector<float> go = gather_grad_out(p, grad_out);
+    const Dgrad a{go.data(), w, dcol.data(), G};
+    const Isa i = isa();
+    auto* run = pick(i, &dgrad_avx512, &dgrad_avx2, &dgrad_baseline);
+    at::parallel_for(0, G.groups * chunks(i, G.j), 1,
+                     [&](int64_t begin, int64_t end) { run(a, begin, end); });
+  }
+  // Each input plane adds the columns that read it, pixel by pixel, tap by
+  // tap (col2im), into zeros.
+  at::parallel_for(0, p.batch * p.in_channels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const int64_t n = plane / p.in_channels, ci = plane % p.in_channels;
+      const int64_t g = ci / cin, c = ci % cin;
+      float* dst = grad_in + plane * in_plane;
+      std::fill(dst, dst + in_plane, 0.f);
+      for (int64_t m = n * pq; m < (n + 1) * pq; ++m) {
+        const int64_t oh = (m % pq) / p.out_w, ow = m % p.out_w;
+        const float* src = dcol.data() + (g * G.m + m) * G.j + c * p.taps();
+        for (int64_t r = 0; r < p.kernel_h; ++r) {
+          const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+          if (ih < 0 || ih >= p.in_h) continue;
+          for (int64_t s = 0; s < p.kernel_w; ++s) {
+            const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
+            if (iw >= 0 && iw < p.in_w) dst[ih * p.in_w + iw] += src[r * p.kernel_w + s];
+          }
+        }
+      }
+    }
+  });
+}
+
+void wgrad_few_pixels(const ConvParams& p, const float* grad_out, const float* x,
+                      float* grad_w) {
+  const Geometry G = geometry(p);
+  const std::vector<float> col = gather_columns(p, x);
+  const std::vector<float> go = gather_grad_out(p, grad_out);
+  const Wgrad a{go.data(), col.data(), grad_w, G};
+  const Isa i = isa();
+  auto* run = pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline);
+  at::parallel_for(0, G.groups * ((G.kg + kRows - 1) / kRows) * chunks(i, G.j), 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+}  // namespace cpu
+}  // namespace conv2d_ext
