@@ -176,15 +176,22 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       plan.algo = Algo::kCpuFewPixels;
       return plan;
     }
-    if (pass == Pass::kFprop && cpu::depthwise_fits(p)) {
-      plan.algo = Algo::kCpuDepthwise;
-      return plan;
+    // dgrad runs forwards at unit stride (one per phase where the layer's
+    // is larger) with dgrad_as_fprop(p)'s channels and groups.
+    ConvParams f = p;
+    if (pass == Pass::kDgrad) {
+      f = dgrad_as_fprop(p);
+      f.stride_h = f.stride_w = 1;
     }
-    // A phase's forward has dgrad_as_fprop(p)'s channels and groups, which
-    // are all blocked_fits reads.
-    const bool fits = pass == Pass::kDgrad ? cpu::blocked_fits(dgrad_as_fprop(p))
-                                           : cpu::blocked_fits(p);
-    if (fits) plan.algo = Algo::kCpuBlocked;
+    // (Strided depthwise dgrad: the direct loop beats its phases.)
+    const bool depthwise = pass == Pass::kWgrad ? cpu::depthwise_wgrad_fits(p)
+                                                : cpu::depthwise_fits(f) &&
+                                                      (pass == Pass::kFprop || dgrad_is_fprop(p));
+    if (depthwise) {
+      plan.algo = Algo::kCpuDepthwise;
+    } else if (cpu::blocked_fits(f)) {
+      plan.algo = Algo::kCpuBlocked;
+    }
     return plan;
   }
   const Algo small = few_channels_algo(p, pass, plan.math, sm);

@@ -116,12 +116,12 @@ def test_same_bits_for_one_and_all_threads(case, pass_):
 
 def test_narrow_groups_and_float64_keep_the_direct_loop():
     """Depthwise layers would fill a channel block to a fraction (the
-    depthwise forward takes unit column strides only); float64 keeps the
+    depthwise kernels take unit column strides only); float64 keeps the
     accurate loop."""
     x = torch.randn(2, 32, 12, 12)
     w = torch.randn(32, 1, 3, 3)
     assert ops._algorithm("forward", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
-    assert ops._algorithm("backward_weight", x, w, [1, 1], [1, 1], [1, 1], 32) == "direct"
+    assert ops._algorithm("backward_weight", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
     w2 = torch.randn(8, 32, 3, 3)
     assert ops._algorithm("forward", x.double(), w2.double(), [1, 1], [1, 1], [1, 1], 1) == "direct"
 
@@ -285,3 +285,43 @@ def test_few_pixels_bound():
                           1) == "cpu_few_pixels"
     assert ops._algorithm("forward", torch.randn(1, 16, 5, 13), w, [1, 1], [0, 0], [1, 1],
                           1) == "cpu_blocked"
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", sorted(DEPTHWISE))
+def test_depthwise_backward_against_float64(isa_name, case):
+    """wgrad on the depthwise wgrad kernel (unit column stride); dgrad at
+    unit stride with one output channel per group as the depthwise forward
+    on the flipped weight, else the direct loop (strided depthwise dgrad by
+    phases ran slower than it)."""
+    n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, c, h, w_, generator=g)
+    w = torch.randn(c * mult, 1, *ks, generator=g)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
+    unit = stride == 1
+    with isa(isa_name):
+        assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_depthwise"
+        assert ops._algorithm("backward_input", *_args(x, w, kw)) == (
+            "cpu_depthwise" if unit and mult == 1 else "direct")
+        y, gx, gw, gy = _all_passes(x, w, None, kw)
+    _, gx64, gw64, _ = reference(x, w, torch.zeros(w.shape[0]), stride, padding, dilation, c,
+                                 grad_out=gy)
+    assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee", mult * w.shape[2] * w.shape[3])
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
+
+
+def test_depthwise_wgrad_row_tail_ignores_unread_infinities():
+    """A row's last, partial vector must not multiply input pixels that no
+    tap reads there by the zeros past grad_output's row: an infinite input
+    pixel read only by some taps leaves the others finite, as in float64."""
+    x = torch.randn(1, 4, 9, 21)
+    x[:, :, :, -1] = float("inf")  # read by the last column of taps only
+    w = torch.randn(4, 1, 3, 3)
+    kw = dict(stride=1, padding=0, dilation=1, groups=4)
+    assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_depthwise"
+    _, _, gw, gy = _all_passes(x, w, None, kw)
+    _, _, gw64, _ = reference(x, w, torch.zeros(4), 1, 0, 1, 4, grad_out=gy)
+    assert torch.equal(torch.isfinite(gw), torch.isfinite(gw64))
+    assert torch.isfinite(gw[:, :, :, :2]).all() and not torch.isfinite(gw[:, :, :, 2]).any()

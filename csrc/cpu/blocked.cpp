@@ -295,6 +295,89 @@ __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t 
 }
 CONV2D_EXT_ISA_VARIANTS(dw, DwProblem, dw_range)
 
+// ---- depthwise wgrad: a task is one output channel; up to kDwTaps of its
+// taps at a time in vector registers, each the sum over every image and
+// row of grad_output's pixels (a vector of a row) times the padded input
+// under them, lanes added last.
+constexpr int kDwTaps = 16;
+
+struct DwWgradProblem {
+  const ConvParams& p;
+  const float *xpad, *go;
+  float* gw;
+  int64_t hp, wp;
+};
+
+template <typename T>
+__attribute__((always_inline)) inline void dw_wgrad_taps(const DwWgradProblem& a, int64_t k,
+                                                         int64_t t0, int64_t taps) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kVL = T::kVL;
+  const ConvParams& p = a.p;
+  const int64_t c = k / p.out_channels_per_group();
+  // Each tap's input offset from its pixel's row.
+  int64_t off[kDwTaps];
+  for (int t = 0; t < kDwTaps; ++t) {
+    const int64_t tap = t0 + std::min<int64_t>(t, taps - 1);
+    off[t] = (tap / p.kernel_w) * p.dilation_h * a.wp + (tap % p.kernel_w) * p.dilation_w;
+  }
+  typedef int ivec __attribute__((vector_size(T::kVL * sizeof(int))));
+  vec acc[kDwTaps];
+  for (int t = 0; t < kDwTaps; ++t) acc[t] = vec{};
+  // A row's last, partial vector: grad_output copied with zeros past the
+  // row, and the input there selected away (0 times an input pixel no tap
+  // reads, maybe infinite, would be NaN).
+  const int64_t full = p.out_w - p.out_w % kVL;
+  ivec keep;
+  {
+    int lanes[kVL];
+    for (int l = 0; l < kVL; ++l) lanes[l] = l < p.out_w - full ? -1 : 0;
+    std::memcpy(&keep, lanes, sizeof(keep));
+  }
+  for (int64_t n = 0; n < p.batch; ++n) {
+    const float* xplane = a.xpad + (n * p.in_channels + c) * a.hp * a.wp;
+    const float* goplane = a.go + (n * p.out_channels + k) * p.out_h * p.out_w;
+    for (int64_t oh = 0; oh < p.out_h; ++oh) {
+      const float* grow = goplane + oh * p.out_w;
+      const float* xrow = xplane + oh * p.stride_h * a.wp;
+      for (int64_t ow0 = 0; ow0 < full; ow0 += kVL) {
+        const vec gv = *reinterpret_cast<const vec_unaligned*>(grow + ow0);
+#pragma GCC unroll 16
+        for (int t = 0; t < kDwTaps; ++t)
+          acc[t] += gv * *reinterpret_cast<const vec_unaligned*>(xrow + ow0 + off[t]);
+      }
+      if (full < p.out_w) {
+        float tail[kVL] = {};
+        std::memcpy(tail, grow + full, size_t(p.out_w - full) * sizeof(float));
+        vec gv;
+        std::memcpy(&gv, tail, sizeof(gv));
+#pragma GCC unroll 16
+        for (int t = 0; t < kDwTaps; ++t) {
+          const vec xv = *reinterpret_cast<const vec_unaligned*>(xrow + full + off[t]);
+          acc[t] += gv * (keep ? xv : vec{});
+        }
+      }
+    }
+  }
+  float lanes[kDwTaps][kVL];
+  std::memcpy(lanes, acc, sizeof(lanes));
+  for (int64_t t = 0; t < taps; ++t) {
+    float sum = 0.f;
+    for (int l = 0; l < kVL; ++l) sum += lanes[t][l];
+    a.gw[k * p.taps() + t0 + t] = sum;
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void dw_wgrad_range(const DwWgradProblem& a, int64_t begin,
+                                                          int64_t end) {
+  for (int64_t k = begin; k < end; ++k)
+    for (int64_t t0 = 0; t0 < a.p.taps(); t0 += kDwTaps)
+      dw_wgrad_taps<T>(a, k, t0, std::min<int64_t>(kDwTaps, a.p.taps() - t0));
+}
+CONV2D_EXT_ISA_VARIANTS(dw_wgrad, DwWgradProblem, dw_wgrad_range)
+
 int block_channels(Isa i) {
   return pick(i, Avx512::kKB, Avx2::kKB, Baseline::kKB);
 }
@@ -410,6 +493,18 @@ void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const 
   auto* run = pick(i, &dw_avx512, &dw_avx2, &dw_baseline);
   at::parallel_for(0, p.batch * p.out_channels, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+bool depthwise_wgrad_fits(const ConvParams& p) { return depthwise_fits(p); }
+
+void wgrad_depthwise(const ConvParams& p, const float* grad_out, const float* x,
+                     float* grad_w) {
+  const Isa i = isa();
+  // Slack for the reads of a row's last, partial vector.
+  const Padded xpad = pad_input(p, x, int64_t(Avx512::kVL) + 1);
+  const DwWgradProblem a{p, xpad.data.data(), grad_out, grad_w, xpad.hp, xpad.wp};
+  auto* run = pick(i, &dw_wgrad_avx512, &dw_wgrad_avx2, &dw_wgrad_baseline);
+  at::parallel_for(0, p.out_channels, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 
 }  // namespace cpu

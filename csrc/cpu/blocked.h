@@ -32,10 +32,17 @@ void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, f
 
 // The depthwise forward (blocked.cpp): one input channel per group, unit
 // column stride; each output plane alone, a row's pixels in vector
-// registers.
+// registers. Also dgrad of such a layer with one output channel per
+// group, as blocked_fits's forwards.
 bool depthwise_fits(const ConvParams& p);
 void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
                      float* y);
+
+// wgrad of a depthwise layer (one input channel per group, unit column
+// stride): each output channel's taps in vector registers, summed over
+// every pixel.
+bool depthwise_wgrad_fits(const ConvParams& p);
+void wgrad_depthwise(const ConvParams& p, const float* grad_out, const float* x, float* grad_w);
 
 // The instruction set the micro-kernel runs with here: "avx512", "avx2" or
 // "default".

@@ -1,5 +1,5 @@
-// Backward-data pass on the CPU. Where the plan takes the blocked kernel,
-// dgrad runs as forwards on the weight transposed per group and flipped:
+// Backward-data pass on the CPU. Where the plan takes the blocked or the
+// depthwise kernel, dgrad runs as forwards on the weight transposed per group and flipped:
 // one at unit stride (dgrad_is_fprop), else one per stride phase of
 // grad_input (dgrad_phases), each over its sub-kernel, so no multiply-add
 // touches the zeros a stride inserts. Otherwise each task owns one
@@ -77,10 +77,12 @@ at::Tensor dgrad_weight(const ConvParams& p, const at::Tensor& w) {
       .reshape({p.in_channels, cout, p.kernel_h, p.kernel_w});
 }
 
+using Forward = void (*)(const ConvParams&, const float*, const float*, const float*, float*);
+
 // Strided dgrad phase by phase: each phase's forward writes a compact
 // tensor, copied into its strided slice of grad_input.
-void dgrad_blocked_phases(const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
-                          at::Tensor& grad_in) {
+void dgrad_phases_on(Forward forward, const ConvParams& p, const at::Tensor& go,
+                     const at::Tensor& w, at::Tensor& grad_in) {
   const at::Tensor flipped = dgrad_weight(p, w);
   for (const DgradPhase& ph : dgrad_phases(p)) {
     const ConvParams& f = ph.fprop;
@@ -103,7 +105,7 @@ void dgrad_blocked_phases(const ConvParams& p, const at::Tensor& go, const at::T
                                ? go.slice(2, ph.row_skip).slice(3, ph.col_skip).contiguous()
                                : go;
     at::Tensor y = at::empty({p.batch, p.in_channels, f.out_h, f.out_w}, grad_in.options());
-    fprop_blocked(f, src.data_ptr<float>(), sub.data_ptr<float>(), nullptr, y.data_ptr<float>());
+    forward(f, src.data_ptr<float>(), sub.data_ptr<float>(), nullptr, y.data_ptr<float>());
     dst.copy_(y);
   }
 }
@@ -125,14 +127,15 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                            grad_in.data_ptr<float>());
           return;
         }
-        if (algo == Algo::kCpuBlocked) {
+        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise) {
+          const Forward forward = algo == Algo::kCpuBlocked ? &fprop_blocked : &fprop_depthwise;
           if (!dgrad_is_fprop(p)) {
-            dgrad_blocked_phases(p, go, w, grad_in);
+            dgrad_phases_on(forward, p, go, w, grad_in);
             return;
           }
           const at::Tensor wt = dgrad_weight(p, w).contiguous();
-          fprop_blocked(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(), nullptr,
-                        grad_in.data_ptr<float>());
+          forward(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(), nullptr,
+                  grad_in.data_ptr<float>());
           return;
         }
         AT_DISPATCH_FLOATING_TYPES(go.scalar_type(), "conv2d_ext_dgrad_cpu", [&] {

@@ -75,8 +75,11 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
          at::Tensor& grad_w) {
         const Algo algo = choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo;
-        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuFewPixels) {
-          auto* run = algo == Algo::kCpuBlocked ? &wgrad_blocked : &wgrad_few_pixels;
+        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
+            algo == Algo::kCpuFewPixels) {
+          auto* run = algo == Algo::kCpuBlocked     ? &wgrad_blocked
+                      : algo == Algo::kCpuDepthwise ? &wgrad_depthwise
+                                                    : &wgrad_few_pixels;
           run(p, go.data_ptr<float>(), x.data_ptr<float>(), grad_w.data_ptr<float>());
           return;
         }
