@@ -2,7 +2,9 @@
 ResNet-18 trains like the original under DDP with channels_last parameters
 (float32, the TF32 flag as PyTorch's default) and under FSDP2 with
 bfloat16 parameters (MixedPrecisionPolicy; FSDP2 shards contiguous
-parameters only), 20 steps on one batch per rank from the same weights;
+parameters only, and that model normalises with GroupNorm, as BatchNorm's
+float32 running statistics fail its backward under bfloat16 parameters),
+20 steps on one batch per rank from the same weights;
 DDP raises no gradient-stride warning. The ranks run in
 tests/distributed_worker.py under torch.distributed.run."""
 import json
