@@ -184,13 +184,16 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       f.stride_h = f.stride_w = 1;
     }
     // (Strided depthwise dgrad: the direct loop beats its phases.)
-    const bool depthwise = pass == Pass::kWgrad ? cpu::depthwise_wgrad_fits(p)
-                                                : cpu::depthwise_fits(f) &&
-                                                      (pass == Pass::kFprop || dgrad_is_fprop(p));
+    const bool depthwise = cpu::depthwise_fits(f) && (pass != Pass::kDgrad || dgrad_is_fprop(p));
+    // (Depthwise dgrad would fill a quarter of the narrow kernel's
+    // channels.)
+    const bool depthwise_layer = p.in_channels_per_group() == 1 && p.groups > 1;
     if (depthwise) {
       plan.algo = Algo::kCpuDepthwise;
     } else if (cpu::blocked_fits(f)) {
       plan.algo = Algo::kCpuBlocked;
+    } else if (cpu::narrow_fits(f) && !(pass == Pass::kDgrad && depthwise_layer)) {
+      plan.algo = Algo::kCpuNarrow;
     }
     return plan;
   }
@@ -385,6 +388,7 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       break;
     case Algo::kCpuBlocked:
     case Algo::kCpuDepthwise:
+    case Algo::kCpuNarrow:
     case Algo::kCpuFewPixels:
       out << " isa=" << cpu::blocked_isa();
       if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();
@@ -423,6 +427,8 @@ const char* to_string(Algo algo) {
       return "cpu_blocked";
     case Algo::kCpuDepthwise:
       return "cpu_depthwise";
+    case Algo::kCpuNarrow:
+      return "cpu_narrow";
     case Algo::kCpuFewPixels:
       return "cpu_few_pixels";
     case Algo::kImplicitGemmNhwc:

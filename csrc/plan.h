@@ -43,6 +43,9 @@ enum class Algo {
   kCpuBlocked,
   // The CPU's depthwise float32 forward (cpu/blocked.cpp).
   kCpuDepthwise,
+  // The CPU's float32 forward for few output channels per group at unit
+  // column stride (cpu/blocked.cpp), also dgrad as forwards.
+  kCpuNarrow,
   // The CPU's float32 kernels for few output pixels over the batch
   // (cpu/few_pixels.cpp), all three passes.
   kCpuFewPixels,

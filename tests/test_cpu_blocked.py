@@ -325,3 +325,67 @@ def test_depthwise_wgrad_row_tail_ignores_unread_infinities():
     _, _, gw64, _ = reference(x, w, torch.zeros(4), 1, 0, 1, 4, grad_out=gy)
     assert torch.equal(torch.isfinite(gw), torch.isfinite(gw64))
     assert torch.isfinite(gw[:, :, :, :2]).all() and not torch.isfinite(gw[:, :, :, 2]).any()
+
+
+# Few output channels per group at unit column stride: the narrow kernels
+# (forward; dgrad as forwards, by phases where strided; wgrad), where the
+# blocked ones' channel block would be filled to less than a quarter.
+# (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
+NARROW = {
+    "rgb_stem_7x7_s2": (1, 3, 29, 26, 16, (7, 7), 2, 3, 1, 1, True),
+    "grouped_4": (2, 16, 11, 13, 16, (3, 3), 1, 1, 1, 4, True),
+    "grouped_dilated_asym": (1, 12, 14, 19, 6, (3, 5), (2, 1), (1, 2), (2, 1), 3, True),
+    "three_outputs_wide_row": (1, 5, 6, 83, 3, (1, 3), 1, (0, 1), 1, 1, False),
+}
+BLOCK_CHANNELS = {"avx512": 32, "avx2": 16, "default": 8}
+
+
+def _narrow(case, seed=4):
+    n, c, h, w, k, ks, stride, padding, dilation, groups, bias = NARROW[case]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=g)
+    wt = torch.randn(k, c // groups, *ks, generator=g)
+    b = torch.randn(k, generator=g) if bias else None
+    return x, wt, b, dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", sorted(NARROW))
+def test_narrow_kernels_against_float64(isa_name, case):
+    x, w, b, kw = _narrow(case)
+    groups = kw["groups"]
+    with isa(isa_name):
+        # A pass's kernel: narrow where its output channels per group fill
+        # less than a quarter of this instruction set's channel block.
+        for pass_, outputs in (("forward", w.shape[0] // groups),
+                               ("backward_input", x.shape[1] // groups),
+                               ("backward_weight", w.shape[0] // groups)):
+            report = ops._kernel(pass_, *_args(x, w, kw), 0)
+            block = BLOCK_CHANNELS[report.split("isa=")[1].split()[0]]
+            expected = "cpu_blocked" if 4 * outputs >= block else "cpu_narrow"
+            assert report.split()[0] == expected, (pass_, report)
+        y, gx, gw, gy = _all_passes(x, w, b, kw)
+    y64, gx64, gw64, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
+                                   kw["stride"], kw["padding"], kw["dilation"], groups,
+                                   grad_out=gy)
+    k_per_group = w.shape[0] // groups
+    assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())
+    assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee",
+                                          k_per_group * w.shape[2] * w.shape[3])
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
+
+
+def test_narrow_same_bits_for_one_and_all_threads():
+    x, w, b, kw = _narrow("grouped_4")
+    gy = torch.randn(conv2d_ext.conv2d(x, w, b, **kw).shape)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, max(2, before)):
+            torch.set_num_threads(threads)
+            results.append(_all_passes(x, w, b, kw, gy)[:3])
+    finally:
+        torch.set_num_threads(before)
+    for one, many in zip(*results):
+        assert torch.equal(one, many)

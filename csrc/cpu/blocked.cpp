@@ -48,14 +48,17 @@ std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb) {
   const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
   const int64_t taps = p.taps(), blocks = (cout + kb - 1) / kb;
   std::vector<float> packed(size_t(p.groups * blocks * cin * taps * kb), 0.f);
-  for (int64_t g = 0; g < p.groups; ++g)
-    for (int64_t k = 0; k < cout; ++k)
-      for (int64_t c = 0; c < cin; ++c)
-        for (int64_t t = 0; t < taps; ++t) {
-          const int64_t block = g * blocks + k / kb;
-          packed[size_t(((block * cin + c) * taps + t) * kb + k % kb)] =
-              w[((g * cout + k) * cin + c) * taps + t];
-        }
+  at::parallel_for(0, p.groups * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t gb = begin; gb < end; ++gb) {
+      const int64_t g = gb / blocks, k0 = (gb % blocks) * kb;
+      const int64_t kn = std::min<int64_t>(kb, cout - k0);
+      float* dst = packed.data() + gb * cin * taps * kb;
+      for (int64_t k = 0; k < kn; ++k) {
+        const float* src = w + (g * cout + k0 + k) * cin * taps;
+        for (int64_t e = 0; e < cin * taps; ++e) dst[e * kb + k] = src[e];
+      }
+    }
+  });
   return packed;
 }
 
@@ -295,13 +298,89 @@ __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t 
 }
 CONV2D_EXT_ISA_VARIANTS(dw, DwProblem, dw_range)
 
-// ---- depthwise wgrad: a task is one output channel; up to kDwTaps of its
-// taps at a time in vector registers, each the sum over every image and
-// row of grad_output's pixels (a vector of a row) times the padded input
-// under them, lanes added last.
-constexpr int kDwTaps = 16;
+// ---- narrow forward (few output channels per group, unit column stride):
+// a task is one output row of one image and group; per block of up to
+// kNarrowOut output channels, kNarrowVectors vectors of the row's pixels in
+// registers, every (input channel, tap) kNarrowOut broadcast weights times
+// unaligned loads of the padded input row.
+constexpr int kNarrowOut = 4, kNarrowVectors = 4;
 
-struct DwWgradProblem {
+struct NarrowProblem {
+  const ConvParams& p;
+  const float *xpad, *w, *bias;
+  float* y;
+  int64_t hp, wp;
+};
+
+template <typename T>
+__attribute__((always_inline)) inline void narrow_row(const NarrowProblem& a, int64_t n,
+                                                      int64_t g, int64_t oh) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kVL = T::kVL, kBlock = kVL * kNarrowVectors;
+  const ConvParams& p = a.p;
+  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
+  const int64_t taps = p.taps();
+  const float* ximg = a.xpad + (n * p.in_channels + g * cin) * a.hp * a.wp;
+  for (int64_t k0 = 0; k0 < cout; k0 += kNarrowOut) {
+    // Channels past the group's end repeat its last and are dropped.
+    const float* wk[kNarrowOut];
+    for (int o = 0; o < kNarrowOut; ++o)
+      wk[o] = a.w + (g * cout + std::min<int64_t>(k0 + o, cout - 1)) * cin * taps;
+    const int64_t kn = std::min<int64_t>(kNarrowOut, cout - k0);
+    for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kBlock) {
+      vec acc[kNarrowOut][kNarrowVectors];
+      for (int o = 0; o < kNarrowOut; ++o) {
+        const float b = a.bias && o < kn ? a.bias[g * cout + k0 + o] : 0.f;
+        for (int u = 0; u < kNarrowVectors; ++u) acc[o][u] = vec{} + b;
+      }
+      for (int64_t c = 0; c < cin; ++c) {
+        const float* xc = ximg + (c * a.hp + oh * p.stride_h) * a.wp + ow0;
+        for (int64_t r = 0; r < p.kernel_h; ++r) {
+          const float* xr = xc + r * p.dilation_h * a.wp;
+          for (int64_t s = 0; s < p.kernel_w; ++s) {
+            const int64_t t = (c * p.kernel_h + r) * p.kernel_w + s;
+            vec xv[kNarrowVectors];
+            for (int u = 0; u < kNarrowVectors; ++u)
+              xv[u] = *reinterpret_cast<const vec_unaligned*>(xr + s * p.dilation_w + u * kVL);
+#pragma GCC unroll 4
+            for (int o = 0; o < kNarrowOut; ++o) {
+              const float wv = wk[o][t];
+#pragma GCC unroll 4
+              for (int u = 0; u < kNarrowVectors; ++u) acc[o][u] += wv * xv[u];
+            }
+          }
+        }
+      }
+      const int64_t count = std::min<int64_t>(kBlock, p.out_w - ow0);
+      for (int64_t o = 0; o < kn; ++o) {
+        float out[kBlock];
+        std::memcpy(out, acc[o], sizeof(out));
+        std::memcpy(a.y + ((n * p.out_channels + g * cout + k0 + o) * p.out_h + oh) * p.out_w + ow0,
+                    out, size_t(count) * sizeof(float));
+      }
+    }
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void narrow_range(const NarrowProblem& a, int64_t begin,
+                                                        int64_t end) {
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t oh = t % a.p.out_h, ng = t / a.p.out_h;
+    narrow_row<T>(a, ng / a.p.groups, ng % a.p.groups, oh);
+  }
+}
+CONV2D_EXT_ISA_VARIANTS(narrow, NarrowProblem, narrow_range)
+
+// ---- narrow wgrad (depthwise and other narrow layers, unit column
+// stride): a task is one output channel; up to kWgradEntries of its
+// (input channel, tap) entries at a time in vector registers, each the sum
+// over every image and row of grad_output's pixels (a vector of a row)
+// times the padded input under them, lanes added last.
+constexpr int kWgradEntries = 16;
+
+struct NarrowWgradProblem {
   const ConvParams& p;
   const float *xpad, *go;
   float* gw;
@@ -309,22 +388,26 @@ struct DwWgradProblem {
 };
 
 template <typename T>
-__attribute__((always_inline)) inline void dw_wgrad_taps(const DwWgradProblem& a, int64_t k,
-                                                         int64_t t0, int64_t taps) {
+__attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProblem& a, int64_t k,
+                                                         int64_t e0, int64_t count) {
   typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
   typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
   constexpr int kVL = T::kVL;
   const ConvParams& p = a.p;
-  const int64_t c = k / p.out_channels_per_group();
-  // Each tap's input offset from its pixel's row.
-  int64_t off[kDwTaps];
-  for (int t = 0; t < kDwTaps; ++t) {
-    const int64_t tap = t0 + std::min<int64_t>(t, taps - 1);
-    off[t] = (tap / p.kernel_w) * p.dilation_h * a.wp + (tap % p.kernel_w) * p.dilation_w;
+  const int64_t cin = p.in_channels_per_group(), taps = p.taps();
+  const int64_t c0 = k / p.out_channels_per_group() * cin;  // the group's first input channel
+  // Each entry's input offset from its pixel's row in the group's first
+  // plane; entries past the end repeat the last and are dropped.
+  int64_t off[kWgradEntries];
+  for (int e = 0; e < kWgradEntries; ++e) {
+    const int64_t entry = e0 + std::min<int64_t>(e, count - 1);
+    const int64_t c = entry / taps, tap = entry % taps;
+    off[e] = (c * a.hp + (tap / p.kernel_w) * p.dilation_h) * a.wp +
+             (tap % p.kernel_w) * p.dilation_w;
   }
   typedef int ivec __attribute__((vector_size(T::kVL * sizeof(int))));
-  vec acc[kDwTaps];
-  for (int t = 0; t < kDwTaps; ++t) acc[t] = vec{};
+  vec acc[kWgradEntries];
+  for (int t = 0; t < kWgradEntries; ++t) acc[t] = vec{};
   // A row's last, partial vector: grad_output copied with zeros past the
   // row, and the input there selected away (0 times an input pixel no tap
   // reads, maybe infinite, would be NaN).
@@ -336,7 +419,7 @@ __attribute__((always_inline)) inline void dw_wgrad_taps(const DwWgradProblem& a
     std::memcpy(&keep, lanes, sizeof(keep));
   }
   for (int64_t n = 0; n < p.batch; ++n) {
-    const float* xplane = a.xpad + (n * p.in_channels + c) * a.hp * a.wp;
+    const float* xplane = a.xpad + (n * p.in_channels + c0) * a.hp * a.wp;
     const float* goplane = a.go + (n * p.out_channels + k) * p.out_h * p.out_w;
     for (int64_t oh = 0; oh < p.out_h; ++oh) {
       const float* grow = goplane + oh * p.out_w;
@@ -344,7 +427,7 @@ __attribute__((always_inline)) inline void dw_wgrad_taps(const DwWgradProblem& a
       for (int64_t ow0 = 0; ow0 < full; ow0 += kVL) {
         const vec gv = *reinterpret_cast<const vec_unaligned*>(grow + ow0);
 #pragma GCC unroll 16
-        for (int t = 0; t < kDwTaps; ++t)
+        for (int t = 0; t < kWgradEntries; ++t)
           acc[t] += gv * *reinterpret_cast<const vec_unaligned*>(xrow + ow0 + off[t]);
       }
       if (full < p.out_w) {
@@ -353,30 +436,31 @@ __attribute__((always_inline)) inline void dw_wgrad_taps(const DwWgradProblem& a
         vec gv;
         std::memcpy(&gv, tail, sizeof(gv));
 #pragma GCC unroll 16
-        for (int t = 0; t < kDwTaps; ++t) {
+        for (int t = 0; t < kWgradEntries; ++t) {
           const vec xv = *reinterpret_cast<const vec_unaligned*>(xrow + full + off[t]);
           acc[t] += gv * (keep ? xv : vec{});
         }
       }
     }
   }
-  float lanes[kDwTaps][kVL];
+  float lanes[kWgradEntries][kVL];
   std::memcpy(lanes, acc, sizeof(lanes));
-  for (int64_t t = 0; t < taps; ++t) {
+  for (int64_t e = 0; e < count; ++e) {
     float sum = 0.f;
-    for (int l = 0; l < kVL; ++l) sum += lanes[t][l];
-    a.gw[k * p.taps() + t0 + t] = sum;
+    for (int l = 0; l < kVL; ++l) sum += lanes[e][l];
+    a.gw[k * cin * taps + e0 + e] = sum;
   }
 }
 
 template <typename T>
-__attribute__((always_inline)) inline void dw_wgrad_range(const DwWgradProblem& a, int64_t begin,
-                                                          int64_t end) {
+__attribute__((always_inline)) inline void narrow_wgrad_range(const NarrowWgradProblem& a,
+                                                              int64_t begin, int64_t end) {
+  const int64_t entries = a.p.in_channels_per_group() * a.p.taps();
   for (int64_t k = begin; k < end; ++k)
-    for (int64_t t0 = 0; t0 < a.p.taps(); t0 += kDwTaps)
-      dw_wgrad_taps<T>(a, k, t0, std::min<int64_t>(kDwTaps, a.p.taps() - t0));
+    for (int64_t e0 = 0; e0 < entries; e0 += kWgradEntries)
+      wgrad_entries<T>(a, k, e0, std::min<int64_t>(kWgradEntries, entries - e0));
 }
-CONV2D_EXT_ISA_VARIANTS(dw_wgrad, DwWgradProblem, dw_wgrad_range)
+CONV2D_EXT_ISA_VARIANTS(narrow_wgrad, NarrowWgradProblem, narrow_wgrad_range)
 
 int block_channels(Isa i) {
   return pick(i, Avx512::kKB, Avx2::kKB, Baseline::kKB);
@@ -430,9 +514,38 @@ Padded pad_input(const ConvParams& p, const float* x, int64_t slack = 0) {
 }
 }  // namespace
 
-void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
+namespace {
+// A pointwise layer (1x1, unit stride, no padding) reads and writes each
+// plane as one run of pixels, so any split of it into rows computes the
+// same: the split whose row length best fills the kOW-pixel blocks (a
+// 14-pixel row fills two blocks of 12 to 58%) while every thread still
+// gets a row, longer rows on a tie (a row task reads all the packed
+// weights once).
+ConvParams pointwise_rows(const ConvParams& p, int kow) {
+  if (p.kernel_h != 1 || p.kernel_w != 1 || p.stride_h != 1 || p.stride_w != 1 ||
+      p.pad_h != 0 || p.pad_w != 0 || p.in_h != p.out_h || p.in_w != p.out_w)
+    return p;
+  const int64_t pixels = p.out_h * p.out_w, planes = p.batch * p.groups;
+  const int64_t threads = at::get_num_threads();
+  auto fill = [&](int64_t width) {
+    return double(width) / double((width + kow - 1) / kow * kow);
+  };
+  int64_t best = p.out_w;
+  for (int64_t width = 1; width <= std::min<int64_t>(pixels, 256); ++width)
+    if (pixels % width == 0 && planes * (pixels / width) >= threads &&
+        fill(width) >= fill(best) - 1e-9)
+      best = width;
+  ConvParams q = p;
+  q.in_h = q.out_h = pixels / best;
+  q.in_w = q.out_w = best;
+  return q;
+}
+}  // namespace
+
+void fprop_blocked(const ConvParams& layer, const float* x, const float* w, const float* bias,
                    float* y) {
   const Isa i = isa();
+  const ConvParams p = pointwise_rows(layer, pick(i, Avx512::kOW, Avx2::kOW, Baseline::kOW));
   const Padded xpad = pad_input(p, x);
   const std::vector<float> packed = pack_weights(p, w, block_channels(i));
   const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
@@ -495,15 +608,25 @@ void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const 
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 
-bool depthwise_wgrad_fits(const ConvParams& p) { return depthwise_fits(p); }
+bool narrow_fits(const ConvParams& p) { return p.stride_w == 1; }
 
-void wgrad_depthwise(const ConvParams& p, const float* grad_out, const float* x,
-                     float* grad_w) {
+void fprop_narrow(const ConvParams& p, const float* x, const float* w, const float* bias,
+                  float* y) {
+  const Isa i = isa();
+  // Slack for a row's last block, read past the row's end and dropped.
+  const Padded xpad = pad_input(p, x, int64_t(Avx512::kVL) * kNarrowVectors + 1);
+  const NarrowProblem a{p, xpad.data.data(), w, bias, y, xpad.hp, xpad.wp};
+  auto* run = pick(i, &narrow_avx512, &narrow_avx2, &narrow_baseline);
+  at::parallel_for(0, p.batch * p.groups * p.out_h, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+void wgrad_narrow(const ConvParams& p, const float* grad_out, const float* x, float* grad_w) {
   const Isa i = isa();
   // Slack for the reads of a row's last, partial vector.
   const Padded xpad = pad_input(p, x, int64_t(Avx512::kVL) + 1);
-  const DwWgradProblem a{p, xpad.data.data(), grad_out, grad_w, xpad.hp, xpad.wp};
-  auto* run = pick(i, &dw_wgrad_avx512, &dw_wgrad_avx2, &dw_wgrad_baseline);
+  const NarrowWgradProblem a{p, xpad.data.data(), grad_out, grad_w, xpad.hp, xpad.wp};
+  auto* run = pick(i, &narrow_wgrad_avx512, &narrow_wgrad_avx2, &narrow_wgrad_baseline);
   at::parallel_for(0, p.out_channels, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 

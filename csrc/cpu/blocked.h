@@ -38,11 +38,16 @@ bool depthwise_fits(const ConvParams& p);
 void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
                      float* y);
 
-// wgrad of a depthwise layer (one input channel per group, unit column
-// stride): each output channel's taps in vector registers, summed over
-// every pixel.
-bool depthwise_wgrad_fits(const ConvParams& p);
-void wgrad_depthwise(const ConvParams& p, const float* grad_out, const float* x, float* grad_w);
+// The narrow kernels (blocked.cpp), for layers with few output channels
+// per group (where blocked_fits does not hold) at unit column stride. The
+// forward keeps a row's pixels in vector registers for up to 4 output
+// channels at a time (also dgrad, as blocked_fits's forwards); wgrad keeps
+// up to 16 (input channel, tap) entries of one output channel, summed over
+// every pixel (depthwise layers' too).
+bool narrow_fits(const ConvParams& p);
+void fprop_narrow(const ConvParams& p, const float* x, const float* w, const float* bias,
+                  float* y);
+void wgrad_narrow(const ConvParams& p, const float* grad_out, const float* x, float* grad_w);
 
 // The instruction set the micro-kernel runs with here: "avx512", "avx2" or
 // "default".

@@ -127,8 +127,11 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                            grad_in.data_ptr<float>());
           return;
         }
-        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise) {
-          const Forward forward = algo == Algo::kCpuBlocked ? &fprop_blocked : &fprop_depthwise;
+        if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
+            algo == Algo::kCpuNarrow) {
+          const Forward forward = algo == Algo::kCpuBlocked     ? &fprop_blocked
+                                  : algo == Algo::kCpuDepthwise ? &fprop_depthwise
+                                                                : &fprop_narrow;
           if (!dgrad_is_fprop(p)) {
             dgrad_phases_on(forward, p, go, w, grad_in);
             return;

@@ -76,10 +76,11 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
          at::Tensor& grad_w) {
         const Algo algo = choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo;
         if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
-            algo == Algo::kCpuFewPixels) {
-          auto* run = algo == Algo::kCpuBlocked     ? &wgrad_blocked
-                      : algo == Algo::kCpuDepthwise ? &wgrad_depthwise
-                                                    : &wgrad_few_pixels;
+            algo == Algo::kCpuNarrow || algo == Algo::kCpuFewPixels) {
+          // Depthwise layers' wgrad is the narrow kernel's.
+          auto* run = algo == Algo::kCpuBlocked      ? &wgrad_blocked
+                      : algo == Algo::kCpuFewPixels ? &wgrad_few_pixels
+                                                    : &wgrad_narrow;
           run(p, go.data_ptr<float>(), x.data_ptr<float>(), grad_w.data_ptr<float>());
           return;
         }
