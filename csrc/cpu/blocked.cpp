@@ -163,79 +163,116 @@ __attribute__((always_inline)) inline void task_range(const Problem& a, int64_t 
 CONV2D_EXT_ISA_VARIANTS(tasks, Problem, task_range)
 
 // ---- wgrad: M = output channels, N = (channel, tap) entries, K = pixels.
-// A task owns kKB output channels x kEntries entries of one group's
-// gradient and sums over every pixel of the batch: per pixel one vector
+// A tile is kKB output channels x kEntries entries of one group's
+// gradient, summed over every pixel of the batch: per pixel one vector
 // load of grad_output (repacked [group][image][row][column][channel] so
 // that a pixel's channel block is contiguous) serves kEntries entries, one
-// broadcast of the padded input serves kKB channels.
+// broadcast of the padded input serves kKB channels. A task owns a run of
+// entry tiles of one channel block and walks the pixels in chunks of
+// output rows, every tile of the run over a chunk before the next chunk,
+// so that the chunk's grad_output is read from cache by all of them; the
+// tiles' sums wait in memory between chunks.
 constexpr int kEntries = 12;
+constexpr int64_t kChunkPixels = 1024;
 
 struct WgradProblem {
   const ConvParams& p;
   const float *xpad, *go_t;  // padded input; grad_output repacked
   float* gw;
   int64_t hp, wp, kpad;  // kpad: channels of go_t per pixel (blocks of kKB)
+  int64_t tiles_per_task;  // entry tiles a task owns
 };
 
-template <typename T>
-__attribute__((always_inline)) inline void wgrad_task(const WgradProblem& a, int64_t g,
-                                                      int64_t kblock, int64_t e0) {
-  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
-  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
-  constexpr int kVL = T::kVL, kNV = T::kNV, kKB = T::kKB;
+// Each entry's input offset from its pixel's (image, row) base; entries
+// past the end repeat the last one and are dropped.
+inline void wgrad_offsets(const WgradProblem& a, int64_t e0, int64_t count,
+                          int64_t (&off)[kEntries]) {
   const ConvParams& p = a.p;
-  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
-  const int64_t taps = p.taps(), entries = cin * taps;
-  const int64_t count = std::min<int64_t>(kEntries, entries - e0);
-  // Each entry's input offset from its pixel's (image, row) base; entries
-  // past the end repeat the last one and are dropped.
-  int64_t off[kEntries];
+  const int64_t taps = p.taps();
   for (int e = 0; e < kEntries; ++e) {
     const int64_t entry = e0 + std::min<int64_t>(e, count - 1);
     const int64_t c = entry / taps, t = entry % taps;
     const int64_t r = t / p.kernel_w, sx = t % p.kernel_w;
     off[e] = (c * a.hp + r * p.dilation_h) * a.wp + sx * p.dilation_w;
   }
+}
+
+// One tile's sums (in `sums`, [kEntries][kKB]) continued over output rows
+// [oh0, oh1) of image n.
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_rows(const WgradProblem& a, int64_t g,
+                                                      int64_t kblock,
+                                                      const int64_t (&off)[kEntries], int64_t n,
+                                                      int64_t oh0, int64_t oh1, float* sums) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kVL = T::kVL, kNV = T::kNV, kKB = T::kKB;
+  const ConvParams& p = a.p;
+  const int64_t cin = p.in_channels_per_group();
   vec acc[kEntries][kNV];
-  for (int e = 0; e < kEntries; ++e)
-    for (int v = 0; v < kNV; ++v) acc[e][v] = vec{};
-  for (int64_t n = 0; n < p.batch; ++n) {
-    for (int64_t oh = 0; oh < p.out_h; ++oh) {
-      const float* xrow =
-          a.xpad + ((n * p.in_channels + g * cin) * a.hp + oh * p.stride_h) * a.wp;
-      const float* grow =
-          a.go_t + (((g * p.batch + n) * p.out_h + oh) * p.out_w) * a.kpad + kblock * kKB;
-      for (int64_t ow = 0; ow < p.out_w; ++ow) {
-        vec gv[kNV];
-        for (int v = 0; v < kNV; ++v)
-          gv[v] = *reinterpret_cast<const vec_unaligned*>(grow + ow * a.kpad + v * kVL);
-        const float* xp = xrow + ow * p.stride_w;
+  std::memcpy(acc, sums, sizeof(acc));
+  for (int64_t oh = oh0; oh < oh1; ++oh) {
+    const float* xrow = a.xpad + ((n * p.in_channels + g * cin) * a.hp + oh * p.stride_h) * a.wp;
+    const float* grow =
+        a.go_t + (((g * p.batch + n) * p.out_h + oh) * p.out_w) * a.kpad + kblock * kKB;
+    for (int64_t ow = 0; ow < p.out_w; ++ow) {
+      vec gv[kNV];
+      for (int v = 0; v < kNV; ++v)
+        gv[v] = *reinterpret_cast<const vec_unaligned*>(grow + ow * a.kpad + v * kVL);
+      const float* xp = xrow + ow * p.stride_w;
 #pragma GCC unroll 16
-        for (int e = 0; e < kEntries; ++e) {
-          const float xv = xp[off[e]];
+      for (int e = 0; e < kEntries; ++e) {
+        const float xv = xp[off[e]];
 #pragma GCC unroll 4
-          for (int v = 0; v < kNV; ++v) acc[e][v] += xv * gv[v];
-        }
+        for (int v = 0; v < kNV; ++v) acc[e][v] += xv * gv[v];
       }
     }
   }
-  float out[kEntries][kKB];
-  std::memcpy(out, acc, sizeof(out));
-  const int64_t k0 = kblock * kKB, kvalid = std::min<int64_t>(kKB, cout - k0);
-  for (int64_t k = 0; k < kvalid; ++k)
-    for (int64_t e = 0; e < count; ++e)
-      a.gw[(g * cout + k0 + k) * entries + e0 + e] = out[e][k];
+  std::memcpy(sums, acc, sizeof(acc));
 }
 
-// Tasks [begin, end) in (group, channel block, entry block) order.
+// Tasks [begin, end) in (group, channel block, run of entry tiles) order.
 template <typename T>
 __attribute__((always_inline)) inline void wgrad_range(const WgradProblem& a, int64_t begin,
                                                        int64_t end) {
-  const int64_t kblocks = a.kpad / T::kKB;
-  const int64_t eblocks = (a.p.in_channels_per_group() * a.p.taps() + kEntries - 1) / kEntries;
+  constexpr int kKB = T::kKB;
+  const ConvParams& p = a.p;
+  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
+  const int64_t entries = cin * p.taps();
+  const int64_t kblocks = a.kpad / kKB;
+  const int64_t tiles = (entries + kEntries - 1) / kEntries;
+  const int64_t runs = (tiles + a.tiles_per_task - 1) / a.tiles_per_task;
+  const int64_t rows = std::max<int64_t>(1, kChunkPixels / std::max<int64_t>(1, p.out_w));
+  std::vector<float> sums(size_t(a.tiles_per_task * kEntries * kKB));
+  std::vector<int64_t> offs(size_t(a.tiles_per_task * kEntries));
   for (int64_t t = begin; t < end; ++t) {
-    const int64_t eb = t % eblocks, rest = t / eblocks;
-    wgrad_task<T>(a, rest / kblocks, rest % kblocks, eb * kEntries);
+    const int64_t run = t % runs, rest = t / runs;
+    const int64_t g = rest / kblocks, kblock = rest % kblocks;
+    const int64_t tile0 = run * a.tiles_per_task;
+    const int64_t ntiles = std::min(a.tiles_per_task, tiles - tile0);
+    std::fill(sums.begin(), sums.end(), 0.f);
+    for (int64_t i = 0; i < ntiles; ++i) {
+      const int64_t e0 = (tile0 + i) * kEntries;
+      wgrad_offsets(a, e0, std::min<int64_t>(kEntries, entries - e0),
+                    *reinterpret_cast<int64_t(*)[kEntries]>(offs.data() + i * kEntries));
+    }
+    for (int64_t n = 0; n < p.batch; ++n)
+      for (int64_t oh0 = 0; oh0 < p.out_h; oh0 += rows)
+        for (int64_t i = 0; i < ntiles; ++i)
+          wgrad_rows<T>(a, g, kblock,
+                        *reinterpret_cast<const int64_t(*)[kEntries]>(offs.data() + i * kEntries),
+                        n, oh0, std::min(p.out_h, oh0 + rows),
+                        sums.data() + i * kEntries * kKB);
+    // [entry][channel] sums to grad_w's [channel][entry].
+    const int64_t k0 = kblock * kKB, kvalid = std::min<int64_t>(kKB, cout - k0);
+    for (int64_t i = 0; i < ntiles; ++i) {
+      const int64_t e0 = (tile0 + i) * kEntries;
+      const int64_t count = std::min<int64_t>(kEntries, entries - e0);
+      const float* tile = sums.data() + i * kEntries * kKB;
+      for (int64_t k = 0; k < kvalid; ++k)
+        for (int64_t e = 0; e < count; ++e)
+          a.gw[(g * cout + k0 + k) * entries + e0 + e] = tile[e * kKB + k];
+    }
   }
 }
 CONV2D_EXT_ISA_VARIANTS(wgrad, WgradProblem, wgrad_range)
@@ -575,21 +612,33 @@ void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, f
   // grad_output as [group][image][row][column][kpad channels], zeros past
   // the group's channels.
   const int64_t pixels = p.out_h * p.out_w;
+  // Transposed a run of kRun pixels at a time, so that the run's
+  // destination rows stay in cache while every channel is written.
+  constexpr int64_t kRun = 16;
+  const int64_t pixel_runs = (pixels + kRun - 1) / kRun;
   std::vector<float> go_t(size_t(p.groups * p.batch * pixels * kpad), 0.f);
-  at::parallel_for(0, p.groups * p.batch, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t gn = begin; gn < end; ++gn) {
+  at::parallel_for(0, p.groups * p.batch * pixel_runs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t gn = task / pixel_runs, q0 = (task % pixel_runs) * kRun;
       const int64_t g = gn / p.batch, n = gn % p.batch;
+      const int64_t qn = std::min<int64_t>(kRun, pixels - q0);
+      float* dst = go_t.data() + ((g * p.batch + n) * pixels + q0) * kpad;
       for (int64_t k = 0; k < cout; ++k) {
-        const float* src = grad_out + (n * p.out_channels + g * cout + k) * pixels;
-        float* dst = go_t.data() + (g * p.batch + n) * pixels * kpad + k;
-        for (int64_t q = 0; q < pixels; ++q) dst[q * kpad] = src[q];
+        const float* src = grad_out + (n * p.out_channels + g * cout + k) * pixels + q0;
+        for (int64_t q = 0; q < qn; ++q) dst[q * kpad + k] = src[q];
       }
     }
   });
-  const WgradProblem a{p, xpad.data.data(), go_t.data(), grad_w, xpad.hp, xpad.wp, kpad};
+  // Runs of entry tiles long enough to share each chunk of grad_output,
+  // short enough that every thread gets several tasks.
+  const int64_t tiles = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
+  const int64_t tasks_wanted = 4 * int64_t(at::get_num_threads());
+  const int64_t per_task = std::max<int64_t>(
+      1, std::min<int64_t>(tiles, p.groups * kblocks * tiles / tasks_wanted));
+  const WgradProblem a{p, xpad.data.data(), go_t.data(), grad_w, xpad.hp, xpad.wp, kpad, per_task};
   auto* run = pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline);
-  const int64_t eblocks = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
-  at::parallel_for(0, p.groups * kblocks * eblocks, 1,
+  const int64_t runs = (tiles + per_task - 1) / per_task;
+  at::parallel_for(0, p.groups * kblocks * runs, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 
