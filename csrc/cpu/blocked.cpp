@@ -285,53 +285,79 @@ constexpr int kDwVectors = 4;
 
 struct DwProblem {
   const ConvParams& p;
-  const float *xpad, *w, *bias;
+  const float *x, *w, *bias;  // x unpadded
   float* y;
-  int64_t hp, wp;
+  int64_t hp, wp;  // the padded plane's extents
 };
 
-template <typename T>
-__attribute__((always_inline)) inline void dw_plane(const DwProblem& a, int64_t n, int64_t k) {
+// Output plane k of image n from its input plane, already zero-padded
+// (hp x wp, with slack for a row's last block) in `xplane`. A block is
+// kRows rows x kDwVectors / kRows vectors of pixels: narrow planes take
+// several rows at once rather than filling one vector of a long block.
+template <typename T, int kRows>
+__attribute__((always_inline)) inline void dw_plane(const DwProblem& a, int64_t n, int64_t k,
+                                                    const float* xplane) {
   typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
   typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
-  constexpr int kVL = T::kVL, kBlock = kVL * kDwVectors;
+  constexpr int kVL = T::kVL, kVectors = kDwVectors / kRows, kBlock = kVL * kVectors;
   const ConvParams& p = a.p;
-  const int64_t c = k / p.out_channels_per_group();  // the group's one input channel
-  const float* xplane = a.xpad + (n * p.in_channels + c) * a.hp * a.wp;
   const float* wk = a.w + k * p.taps();
   const float b = a.bias ? a.bias[k] : 0.f;
   float* yplane = a.y + (n * p.out_channels + k) * p.out_h * p.out_w;
-  for (int64_t oh = 0; oh < p.out_h; ++oh) {
-    const float* xrow = xplane + oh * p.stride_h * a.wp;
+  for (int64_t oh0 = 0; oh0 < p.out_h; oh0 += kRows) {
+    // Rows past the plane's end repeat its last and are dropped.
+    const float* xrow[kRows];
+    for (int i = 0; i < kRows; ++i)
+      xrow[i] = xplane + std::min<int64_t>(oh0 + i, p.out_h - 1) * p.stride_h * a.wp;
     for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kBlock) {
-      vec acc[kDwVectors];
-      for (int u = 0; u < kDwVectors; ++u) acc[u] = vec{} + b;
+      vec acc[kRows][kVectors];
+      for (int i = 0; i < kRows; ++i)
+        for (int u = 0; u < kVectors; ++u) acc[i][u] = vec{} + b;
       for (int64_t r = 0; r < p.kernel_h; ++r) {
-        const float* xr = xrow + r * p.dilation_h * a.wp + ow0;
         for (int64_t sx = 0; sx < p.kernel_w; ++sx) {
           const float wv = wk[r * p.kernel_w + sx];
-          const float* xs = xr + sx * p.dilation_w;
-#pragma GCC unroll 8
-          for (int u = 0; u < kDwVectors; ++u)
-            acc[u] += wv * *reinterpret_cast<const vec_unaligned*>(xs + u * kVL);
+          const int64_t at = r * p.dilation_h * a.wp + ow0 + sx * p.dilation_w;
+#pragma GCC unroll 4
+          for (int i = 0; i < kRows; ++i)
+#pragma GCC unroll 4
+            for (int u = 0; u < kVectors; ++u)
+              acc[i][u] += wv * *reinterpret_cast<const vec_unaligned*>(xrow[i] + at + u * kVL);
         }
       }
       const int64_t count = std::min<int64_t>(kBlock, p.out_w - ow0);
-      if (count == kBlock) {
-        std::memcpy(yplane + oh * p.out_w + ow0, acc, sizeof(acc));
-      } else {
+      for (int i = 0; i < kRows && oh0 + i < p.out_h; ++i) {
         float out[kBlock];
-        std::memcpy(out, acc, sizeof(out));
-        std::memcpy(yplane + oh * p.out_w + ow0, out, size_t(count) * sizeof(float));
+        std::memcpy(out, acc[i], sizeof(out));
+        std::memcpy(yplane + (oh0 + i) * p.out_w + ow0, out, size_t(count) * sizeof(float));
       }
     }
   }
 }
 
+// Each task pads its input plane into a buffer of its own, which stays in
+// cache for the plane's taps (padding the whole input first would stream
+// it through memory twice more). The borders and slack are written once,
+// as zeros.
 template <typename T>
 __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t begin,
                                                     int64_t end) {
-  for (int64_t t = begin; t < end; ++t) dw_plane<T>(a, t / a.p.out_channels, t % a.p.out_channels);
+  const ConvParams& p = a.p;
+  std::vector<float> plane(size_t(a.hp * a.wp + int64_t(T::kVL) * kDwVectors + 1), 0.f);
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t n = t / p.out_channels, k = t % p.out_channels;
+    const int64_t c = k / p.out_channels_per_group();  // the group's one input channel
+    const float* src = a.x + (n * p.in_channels + c) * p.in_h * p.in_w;
+    for (int64_t h = 0; h < p.in_h; ++h)
+      std::memcpy(plane.data() + (h + p.pad_h) * a.wp + p.pad_w, src + h * p.in_w,
+                  size_t(p.in_w) * sizeof(float));
+    if (p.out_w <= T::kVL) {
+      dw_plane<T, 4>(a, n, k, plane.data());
+    } else if (p.out_w <= 2 * T::kVL) {
+      dw_plane<T, 2>(a, n, k, plane.data());
+    } else {
+      dw_plane<T, 1>(a, n, k, plane.data());
+    }
+  }
 }
 CONV2D_EXT_ISA_VARIANTS(dw, DwProblem, dw_range)
 
@@ -534,10 +560,17 @@ struct Padded {
   std::vector<float> data;
   int64_t hp, wp;
 };
-Padded pad_input(const ConvParams& p, const float* x, int64_t slack = 0) {
+struct Extents {
+  int64_t hp, wp;
+};
+Extents padded_extents(const ConvParams& p) {
   const int64_t reach_h = (p.out_h - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1;
   const int64_t reach_w = (p.out_w - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1;
-  Padded padded{{}, std::max(reach_h, p.in_h + p.pad_h), std::max(reach_w, p.in_w + p.pad_w)};
+  return {std::max(reach_h, p.in_h + p.pad_h), std::max(reach_w, p.in_w + p.pad_w)};
+}
+Padded pad_input(const ConvParams& p, const float* x, int64_t slack = 0) {
+  const Extents e = padded_extents(p);
+  Padded padded{{}, e.hp, e.wp};
   const int64_t hp = padded.hp, wp = padded.wp, planes = p.batch * p.in_channels;
   padded.data.assign(size_t(planes * hp * wp + slack), 0.f);
   float* const out = padded.data.data();
@@ -649,9 +682,8 @@ bool depthwise_fits(const ConvParams& p) {
 void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
                      float* y) {
   const Isa i = isa();
-  // Slack for a row's last block, read past the row's end and dropped.
-  const Padded xpad = pad_input(p, x, int64_t(Avx512::kVL) * kDwVectors + 1);
-  const DwProblem a{p, xpad.data.data(), w, bias, y, xpad.hp, xpad.wp};
+  const Extents e = padded_extents(p);
+  const DwProblem a{p, x, w, bias, y, e.hp, e.wp};
   auto* run = pick(i, &dw_avx512, &dw_avx2, &dw_baseline);
   at::parallel_for(0, p.batch * p.out_channels, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
