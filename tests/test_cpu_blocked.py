@@ -193,21 +193,30 @@ DEPTHWISE = {
     "5x5_wide_row": (1, 8, 9, 77, 1, (5, 5), 1, 2, 1, False),
     "multiplier_2_strided_rows": (2, 6, 13, 21, 2, (3, 3), (2, 1), 1, 1, True),
     "7x7_dilated": (1, 4, 20, 18, 1, (7, 7), 1, (6, 3), (2, 1), True),
+    # 40 channels: vectors of 16 or 8 channels and a tail (channels_last).
+    "40_channels_strided_rows": (2, 40, 11, 9, 1, (3, 3), (2, 1), 1, 1, True),
 }
 
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
 @pytest.mark.parametrize("case", sorted(DEPTHWISE))
-def test_depthwise_against_float64(isa_name, case):
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_depthwise_against_float64(isa_name, case, layout):
+    """NCHW, and channels_last on its own kernel (channels in vectors, taps
+    in the padding skipped) where one output channel per input channel."""
     n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, c, h, w_, generator=g)
     w = torch.randn(c * mult, 1, *ks, generator=g)
     b = torch.randn(c * mult, generator=g) if bias else None
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
     with isa(isa_name):
         assert ops._algorithm("forward", *_args(x, w, kw)) == "cpu_depthwise"
         y = conv2d_ext.conv2d(x, w, b, **kw)
+    if layout == "channels_last":
+        assert y.is_contiguous(memory_format=torch.channels_last)
     y64 = reference(x, w, b, stride, padding, dilation, c)
     assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())
 

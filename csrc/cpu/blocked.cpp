@@ -361,6 +361,97 @@ __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t 
 }
 CONV2D_EXT_ISA_VARIANTS(dw, DwProblem, dw_range)
 
+// ---- depthwise forward over channels_last operands (one output channel
+// per input channel): a task is one output row; per block of kDwPixels
+// pixels, channels in vectors (kCV at a time), every tap one vector of
+// weights ([tap][channel], transposed once) times the input pixel's
+// channels. Taps in the padding are skipped, so nothing is padded.
+constexpr int kDwPixels = 4;
+
+struct DwNhwcProblem {
+  const ConvParams& p;
+  const float *x, *wt, *bias;  // x [N][H][W][C]; wt [R*S][C]
+  float* y;                    // [N][P][Q][C]
+};
+
+template <typename T, int kCV>
+__attribute__((always_inline)) inline void dw_nhwc_block(const DwNhwcProblem& a, int64_t n,
+                                                         int64_t oh, int64_t ow0, int64_t c0) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kVL = T::kVL;
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  const int64_t npix = std::min<int64_t>(kDwPixels, p.out_w - ow0);
+  auto load = [](const float* at) { return *reinterpret_cast<const vec_unaligned*>(at); };
+  vec acc[kDwPixels][kCV];
+  for (int v = 0; v < kCV; ++v) {
+    const vec b = a.bias ? load(a.bias + c0 + v * kVL) : vec{};
+    for (int j = 0; j < kDwPixels; ++j) acc[j][v] = b;
+  }
+  for (int64_t r = 0; r < p.kernel_h; ++r) {
+    const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+    if (ih < 0 || ih >= p.in_h) continue;
+    const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + c0;
+    for (int64_t s = 0; s < p.kernel_w; ++s) {
+      vec wv[kCV];
+      for (int v = 0; v < kCV; ++v) wv[v] = load(a.wt + (r * p.kernel_w + s) * C + c0 + v * kVL);
+#pragma GCC unroll 4
+      for (int j = 0; j < kDwPixels; ++j) {
+        const int64_t iw = (ow0 + j) * p.stride_w - p.pad_w + s * p.dilation_w;
+        if (j >= npix || iw < 0 || iw >= p.in_w) continue;
+#pragma GCC unroll 4
+        for (int v = 0; v < kCV; ++v) acc[j][v] += load(xrow + iw * C + v * kVL) * wv[v];
+      }
+    }
+  }
+  for (int64_t j = 0; j < npix; ++j)
+    for (int v = 0; v < kCV; ++v)
+      *reinterpret_cast<vec_unaligned*>(a.y + ((n * p.out_h + oh) * p.out_w + ow0 + j) * C + c0 +
+                                        v * kVL) = acc[j][v];
+}
+
+// Channels past the last full vector, one at a time.
+inline void dw_nhwc_tail(const DwNhwcProblem& a, int64_t n, int64_t oh, int64_t ow,
+                         int64_t c0) {
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  for (int64_t c = c0; c < C; ++c) {
+    float acc = a.bias ? a.bias[c] : 0.f;
+    for (int64_t r = 0; r < p.kernel_h; ++r) {
+      const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+      if (ih < 0 || ih >= p.in_h) continue;
+      for (int64_t s = 0; s < p.kernel_w; ++s) {
+        const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
+        if (iw < 0 || iw >= p.in_w) continue;
+        acc += a.x[((n * p.in_h + ih) * p.in_w + iw) * C + c] *
+               a.wt[(r * p.kernel_w + s) * C + c];
+      }
+    }
+    a.y[((n * p.out_h + oh) * p.out_w + ow) * C + c] = acc;
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a, int64_t begin,
+                                                         int64_t end) {
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels, full = C - C % T::kVL;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t n = t / p.out_h, oh = t % p.out_h;
+    for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kDwPixels) {
+      int64_t c0 = 0;
+      for (; c0 + 4 * T::kVL <= full; c0 += 4 * T::kVL) dw_nhwc_block<T, 4>(a, n, oh, ow0, c0);
+      for (; c0 + 2 * T::kVL <= full; c0 += 2 * T::kVL) dw_nhwc_block<T, 2>(a, n, oh, ow0, c0);
+      for (; c0 < full; c0 += T::kVL) dw_nhwc_block<T, 1>(a, n, oh, ow0, c0);
+      if (full < C)
+        for (int64_t ow = ow0; ow < std::min<int64_t>(ow0 + kDwPixels, p.out_w); ++ow)
+          dw_nhwc_tail(a, n, oh, ow, full);
+    }
+  }
+}
+CONV2D_EXT_ISA_VARIANTS(dw_nhwc, DwNhwcProblem, dw_nhwc_range)
+
 // ---- narrow forward (few output channels per group, unit column stride):
 // a task is one output row of one image and group; per block of up to
 // kNarrowOut output channels, kNarrowVectors vectors of the row's pixels in
@@ -686,6 +777,23 @@ void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const 
   const DwProblem a{p, x, w, bias, y, e.hp, e.wp};
   auto* run = pick(i, &dw_avx512, &dw_avx2, &dw_baseline);
   at::parallel_for(0, p.batch * p.out_channels, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+bool depthwise_nhwc_fits(const ConvParams& p) {
+  return depthwise_fits(p) && p.out_channels == p.in_channels;
+}
+
+void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
+                          float* y) {
+  // The weight [C][1][R][S] as [R*S][C].
+  const int64_t taps = p.taps(), C = p.out_channels;
+  std::vector<float> wt(size_t(taps * C));
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t t = 0; t < taps; ++t) wt[size_t(t * C + c)] = w[c * taps + t];
+  const DwNhwcProblem a{p, x, wt.data(), bias, y};
+  auto* run = pick(isa(), &dw_nhwc_avx512, &dw_nhwc_avx2, &dw_nhwc_baseline);
+  at::parallel_for(0, p.batch * p.out_h, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 

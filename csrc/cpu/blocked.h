@@ -38,6 +38,13 @@ bool depthwise_fits(const ConvParams& p);
 void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
                      float* y);
 
+// The depthwise forward over channels_last x and y (NHWC) and the weight
+// (whose channels_last layout is its contiguous one), one output channel
+// per input channel: channels in vector registers, no copy of the input.
+bool depthwise_nhwc_fits(const ConvParams& p);
+void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
+                          float* y);
+
 // The narrow kernels (blocked.cpp), for layers with few output channels
 // per group (where blocked_fits does not hold) at unit column stride. The
 // forward keeps a row's pixels in vector registers for up to 4 output

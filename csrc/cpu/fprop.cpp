@@ -67,10 +67,22 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
                       const c10::optional<at::Tensor>& bias,
                       c10::IntArrayRef stride, c10::IntArrayRef padding,
                       c10::IntArrayRef dilation, int64_t groups) {
+  // A channels_last result of a depthwise layer (one output channel per
+  // input channel) is computed in place of its NCHW copies.
+  const auto nhwc = [&](const ConvParams& p) {
+    return choose_plan(p, Pass::kFprop, input.scalar_type(), /*sm=*/0).algo ==
+               Algo::kCpuDepthwise &&
+           depthwise_nhwc_fits(p);
+  };
   return fprop_entry(
-      input, weight, bias, stride, padding, dilation, groups,
+      input, weight, bias, stride, padding, dilation, groups, nhwc,
       [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-         const at::Tensor& b, at::Tensor& y) {
+         const at::Tensor& b, at::Tensor& y, bool channels_last) {
+        if (channels_last) {
+          fprop_depthwise_nhwc(p, x.data_ptr<float>(), w.data_ptr<float>(),
+                               b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+          return;
+        }
         const Algo algo = choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo;
         if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
             algo == Algo::kCpuNarrow || algo == Algo::kCpuFewPixels) {
