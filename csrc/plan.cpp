@@ -352,6 +352,20 @@ void implicit_gemm_variant(std::ostringstream& out, const ConvParams& p, Pass pa
 }
 }  // namespace
 
+bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
+  const Algo algo = choose_plan(p, pass, dtype, /*sm=*/0).algo;
+  switch (pass) {
+    case Pass::kFprop:
+      return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(p)) ||
+             (algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(p));
+    case Pass::kDgrad:
+      return algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(dgrad_as_fprop(p));
+    case Pass::kWgrad:
+      return false;
+  }
+  return false;
+}
+
 std::string kernel_variant(const std::string& pass, const at::Tensor& input,
                            const at::Tensor& weight, c10::IntArrayRef stride,
                            c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
@@ -391,7 +405,11 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
     case Algo::kCpuNarrow:
     case Algo::kCpuFewPixels:
       out << " isa=" << cpu::blocked_isa();
-      if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();
+      // (The few-pixel dgrad takes any stride itself; depthwise dgrad runs
+      // at unit stride only.)
+      if (plan.algo != Algo::kCpuFewPixels && which == Pass::kDgrad && !dgrad_is_fprop(p))
+        out << " phases=" << dgrad_phases(p).size();
+      if (channels_last && cpu_nhwc(p, which, input.scalar_type())) out << " layout=nhwc";
       break;
     case Algo::kDirect:
       break;

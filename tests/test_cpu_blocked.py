@@ -72,8 +72,12 @@ def test_forward_against_float64(isa_name, case, layout):
     with isa(isa_name):
         report = ops._kernel("forward", *_args(x, w, kw), 0)
         y = conv2d_ext.conv2d(x, w, b, **kw)
-    isa_here = report.split("isa=")[-1]
+    isa_here = report.split("isa=")[-1].split()[0]
     assert report.startswith("cpu_blocked"), report
+    # One group in channels_last runs on the channels_last operands.
+    assert ("layout=nhwc" in report) == (layout == "channels_last" and kw["groups"] == 1), report
+    if layout == "channels_last":
+        assert y.is_contiguous(memory_format=torch.channels_last)
     assert isa_here in ("avx512", "avx2", "default")
     if isa_name != "avx512":
         assert isa_here != "avx512", report
@@ -128,10 +132,14 @@ def test_narrow_groups_and_float64_keep_the_direct_loop():
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
 @pytest.mark.parametrize("case", ["strided_asym_12", "grouped_strided", "1x1_stride_2"])
-def test_strided_dgrad_by_phases_against_float64(isa_name, case):
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_strided_dgrad_by_phases_against_float64(isa_name, case, layout):
     """dgrad at stride > 1: one blocked forward per stride phase, each over
-    its sub-kernel (phases no tap reaches are zeros)."""
+    its sub-kernel (phases no tap reaches are zeros); channels_last phases
+    on the channels_last operands for one group."""
     x, w, b, kw = _operands(case)
+    if layout == "channels_last":
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
     with isa(isa_name):
         report = ops._kernel("backward_input", *_args(x, w, kw), 0)
         xg = x.clone().requires_grad_()
@@ -140,6 +148,9 @@ def test_strided_dgrad_by_phases_against_float64(isa_name, case):
         (gx,) = torch.autograd.grad(y, [xg], gy)
     strides = [kw["stride"]] * 2 if isinstance(kw["stride"], int) else kw["stride"]
     assert report.startswith("cpu_blocked") and f"phases={strides[0] * strides[1]}" in report
+    assert ("layout=nhwc" in report) == (layout == "channels_last" and kw["groups"] == 1), report
+    if layout == "channels_last":
+        assert gx.is_contiguous(memory_format=torch.channels_last)
     _, gx64, _, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
                               kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
                               grad_out=gy)
@@ -150,16 +161,23 @@ def test_strided_dgrad_by_phases_against_float64(isa_name, case):
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
 @pytest.mark.parametrize("case", ["3x3", "5x9_dilated", "1x1_wide_k", "grouped", "one_pixel_out"])
-def test_unit_stride_dgrad_against_float64(isa_name, case):
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_unit_stride_dgrad_against_float64(isa_name, case, layout):
     """dgrad at unit stride runs the blocked forward on the transposed,
-    flipped weight."""
+    flipped weight (on the channels_last operands for one group)."""
     x, w, b, kw = _operands(case)
+    if layout == "channels_last":
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
     with isa(isa_name):
-        assert ops._algorithm("backward_input", *_args(x, w, kw)) == "cpu_blocked"
+        report = ops._kernel("backward_input", *_args(x, w, kw), 0)
         xg = x.clone().requires_grad_()
         y = conv2d_ext.conv2d(xg, w, b, **kw)
         gy = torch.randn_like(y)
         (gx,) = torch.autograd.grad(y, [xg], gy)
+    assert report.split()[0] == "cpu_blocked", report
+    assert ("layout=nhwc" in report) == (layout == "channels_last" and kw["groups"] == 1), report
+    if layout == "channels_last":
+        assert gx.is_contiguous(memory_format=torch.channels_last)
     _, gx64, _, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
                               kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
                               grad_out=gy)

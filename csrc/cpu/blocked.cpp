@@ -64,8 +64,9 @@ std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb) {
 
 // Output row `oh` of image n, group g, output channels k0 .. k0 + kKB of
 // the group (kvalid of them real). `rows`: the input rows the output row
-// reads, [C per group][R][wp] (row_inputs).
-template <typename T>
+// reads (row_inputs), [C per group][R][wp], or with kNhwc (channels_last
+// operands, one group) [R][wp][C].
+template <typename T, bool kNhwc>
 __attribute__((always_inline)) inline void row_block(const ConvParams& p, const float* rows,
                                                      int64_t wp, const float* wpk,
                                                      const float* bias, float* y, int64_t n,
@@ -79,7 +80,12 @@ __attribute__((always_inline)) inline void row_block(const ConvParams& p, const 
   const int64_t blocks = (cout + kKB - 1) / kKB;
   const float* wblock = wpk + (g * blocks + kblock) * cin * taps * kKB;
   const int64_t sw = p.stride_w, dw = p.dilation_w;
-  float* yrow = y + ((n * p.out_channels + g * cout + k0) * p.out_h + oh) * p.out_w;
+  // Strides in `rows` of an input channel, a kernel row and a pixel.
+  const int64_t channel_step = kNhwc ? 1 : p.kernel_h * wp;
+  const int64_t tap_row_step = kNhwc ? wp * cin : wp;
+  const int64_t pixel_step = kNhwc ? cin : 1;
+  float* yrow = kNhwc ? y + ((n * p.out_h + oh) * p.out_w) * p.out_channels + k0
+                      : y + ((n * p.out_channels + g * cout + k0) * p.out_h + oh) * p.out_w;
   const int64_t plane = p.out_h * p.out_w;
 
   vec bias_v[kNV];
@@ -95,27 +101,32 @@ __attribute__((always_inline)) inline void row_block(const ConvParams& p, const 
     for (int64_t c = 0; c < cin; ++c) {
       const float* wc = wblock + c * taps * kKB;
       for (int64_t r = 0; r < p.kernel_h; ++r) {
-        const float* xr = rows + (c * p.kernel_h + r) * wp + ow0 * sw;
+        const float* xr = rows + c * channel_step + r * tap_row_step + ow0 * sw * pixel_step;
         for (int64_t s = 0; s < p.kernel_w; ++s) {
           vec wv[kNV];
           const float* wt = wc + (r * p.kernel_w + s) * kKB;
           for (int v = 0; v < kNV; ++v) wv[v] = *reinterpret_cast<const vec_unaligned*>(wt + v * kVL);
-          const float* xs = xr + s * dw;
+          const float* xs = xr + s * dw * pixel_step;
 #pragma GCC unroll 16
           for (int j = 0; j < kOW; ++j) {
-            const float xv = xs[j * sw];
+            const float xv = xs[j * sw * pixel_step];
 #pragma GCC unroll 4
             for (int v = 0; v < kNV; ++v) acc[j][v] += xv * wv[v];
           }
         }
       }
     }
-    // [pixel][channel] registers to NCHW rows.
+    // [pixel][channel] registers to NCHW rows, or to NHWC pixels as they are.
     const int64_t count = std::min<int64_t>(kOW, p.out_w - ow0);
     float out[kOW][kKB];
     std::memcpy(out, acc, sizeof(out));
-    for (int64_t k = 0; k < kvalid; ++k)
-      for (int64_t j = 0; j < count; ++j) yrow[k * plane + ow0 + j] = out[j][k];
+    if (kNhwc) {
+      for (int64_t j = 0; j < count; ++j)
+        std::memcpy(yrow + (ow0 + j) * p.out_channels, out[j], size_t(kvalid) * sizeof(float));
+    } else {
+      for (int64_t k = 0; k < kvalid; ++k)
+        for (int64_t j = 0; j < count; ++j) yrow[k * plane + ow0 + j] = out[j][k];
+    }
   }
 }
 
@@ -130,9 +141,19 @@ struct Problem {
 // The input rows output row oh of image n, group g reads, gathered from
 // their planes into one contiguous run [C per group][R][wp], so that the
 // pixel blocks' broadcasts walk one stream instead of C planes.
+// With kNhwc (one group), the R padded rows [wp][C] as they are.
+template <bool kNhwc>
 inline void row_inputs(const Problem& a, int64_t n, int64_t g, int64_t oh, float* rows) {
   const ConvParams& p = a.p;
   const int64_t cin = p.in_channels_per_group();
+  if (kNhwc) {
+    const int64_t row = a.wp * p.in_channels;
+    for (int64_t r = 0; r < p.kernel_h; ++r)
+      std::memcpy(rows + r * row,
+                  a.xpad + (n * a.hp + oh * p.stride_h + r * p.dilation_h) * row,
+                  size_t(row) * sizeof(float));
+    return;
+  }
   const float* ximg = a.xpad + (n * p.in_channels + g * cin) * a.hp * a.wp;
   for (int64_t c = 0; c < cin; ++c)
     for (int64_t r = 0; r < p.kernel_h; ++r)
@@ -143,24 +164,37 @@ inline void row_inputs(const Problem& a, int64_t n, int64_t g, int64_t oh, float
 
 // Tasks [begin, end), one output row of one image and group each, in
 // (image, group, row) order; every channel block of the row.
-template <typename T>
-__attribute__((always_inline)) inline void task_range(const Problem& a, int64_t begin,
+template <typename T, bool kNhwc>
+__attribute__((always_inline)) inline void rows_range(const Problem& a, int64_t begin,
                                                       int64_t end) {
   const ConvParams& p = a.p;
+  const int64_t cin = p.in_channels_per_group();
   const int64_t blocks = (p.out_channels_per_group() + T::kKB - 1) / T::kKB;
   // The rows, and slack for the last pixel block's reads past their end.
-  const int64_t row_floats = p.in_channels_per_group() * p.kernel_h * a.wp;
-  std::vector<float> rows(size_t(row_floats + int64_t(T::kOW) * p.stride_w + 1), 0.f);
+  const int64_t row_floats = cin * p.kernel_h * a.wp;
+  const int64_t slack = int64_t(T::kOW) * p.stride_w * (kNhwc ? cin : 1) + 1;
+  std::vector<float> rows(size_t(row_floats + slack), 0.f);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t oh = t % p.out_h, ng = t / p.out_h;
     const int64_t g = ng % p.groups, n = ng / p.groups;
-    row_inputs(a, n, g, oh, rows.data());
+    row_inputs<kNhwc>(a, n, g, oh, rows.data());
     for (int64_t kblock = 0; kblock < blocks; ++kblock)
-      row_block<T>(p, rows.data(), a.wp, a.wpk, a.bias, a.y, n, g, kblock, oh);
+      row_block<T, kNhwc>(p, rows.data(), a.wp, a.wpk, a.bias, a.y, n, g, kblock, oh);
   }
+}
+template <typename T>
+__attribute__((always_inline)) inline void task_range(const Problem& a, int64_t begin,
+                                                      int64_t end) {
+  rows_range<T, false>(a, begin, end);
+}
+template <typename T>
+__attribute__((always_inline)) inline void task_range_nhwc(const Problem& a, int64_t begin,
+                                                           int64_t end) {
+  rows_range<T, true>(a, begin, end);
 }
 
 CONV2D_EXT_ISA_VARIANTS(tasks, Problem, task_range)
+CONV2D_EXT_ISA_VARIANTS(tasks_nhwc, Problem, task_range_nhwc)
 
 // ---- wgrad: M = output channels, N = (channel, tap) entries, K = pixels.
 // A tile is kKB output channels x kEntries entries of one group's
@@ -673,6 +707,22 @@ Padded pad_input(const ConvParams& p, const float* x, int64_t slack = 0) {
   });
   return padded;
 }
+// The same for channels_last x: [N][hp][wp][C].
+Padded pad_input_nhwc(const ConvParams& p, const float* x, int64_t slack) {
+  const Extents e = padded_extents(p);
+  Padded padded{{}, e.hp, e.wp};
+  const int64_t C = p.in_channels;
+  padded.data.assign(size_t(p.batch * e.hp * e.wp * C + slack), 0.f);
+  float* const out = padded.data.data();
+  at::parallel_for(0, p.batch * p.in_h, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t nh = begin; nh < end; ++nh) {
+      const int64_t n = nh / p.in_h, h = nh % p.in_h;
+      std::memcpy(out + ((n * e.hp + h + p.pad_h) * e.wp + p.pad_w) * C,
+                  x + nh * p.in_w * C, size_t(p.in_w * C) * sizeof(float));
+    }
+  });
+  return padded;
+}
 }  // namespace
 
 namespace {
@@ -712,6 +762,20 @@ void fprop_blocked(const ConvParams& layer, const float* x, const float* w, cons
   const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
   auto* run = pick(i, &tasks_avx512, &tasks_avx2, &tasks_baseline);
   at::parallel_for(0, p.batch * p.groups * p.out_h, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+bool blocked_nhwc_fits(const ConvParams& p) { return blocked_fits(p) && p.groups == 1; }
+
+void fprop_blocked_nhwc(const ConvParams& layer, const float* x, const float* w,
+                        const float* bias, float* y) {
+  const Isa i = isa();
+  const ConvParams p = pointwise_rows(layer, pick(i, Avx512::kOW, Avx2::kOW, Baseline::kOW));
+  const Padded xpad = pad_input_nhwc(p, x, 0);
+  const std::vector<float> packed = pack_weights(p, w, block_channels(i));
+  const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
+  auto* run = pick(i, &tasks_nhwc_avx512, &tasks_nhwc_avx2, &tasks_nhwc_baseline);
+  at::parallel_for(0, p.batch * p.out_h, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 

@@ -24,6 +24,13 @@ bool blocked_fits(const ConvParams& p);
 void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
                    float* y);
 
+// The same over channels_last x and y ([N][H][W][C]; w still NCHW), one
+// group: each pixel's channels are a run, so the outputs leave the
+// registers as they are held, pixel by pixel.
+bool blocked_nhwc_fits(const ConvParams& p);
+void fprop_blocked_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
+                        float* y);
+
 // grad_w (NCHW [K][C per group][R][S], float32) of a layer from
 // grad_output and x (NCHW contiguous): the same blocking with output
 // channels x (channel, tap) entries in registers, summed over every pixel.

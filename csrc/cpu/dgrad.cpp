@@ -80,9 +80,10 @@ at::Tensor dgrad_weight(const ConvParams& p, const at::Tensor& w) {
 using Forward = void (*)(const ConvParams&, const float*, const float*, const float*, float*);
 
 // Strided dgrad phase by phase: each phase's forward writes a compact
-// tensor, copied into its strided slice of grad_input.
-void dgrad_phases_on(Forward forward, const ConvParams& p, const at::Tensor& go,
-                     const at::Tensor& w, at::Tensor& grad_in) {
+// tensor, copied into its strided slice of grad_input. `format`: the
+// operands' memory format, which the forward takes.
+void dgrad_phases_on(Forward forward, at::MemoryFormat format, const ConvParams& p,
+                     const at::Tensor& go, const at::Tensor& w, at::Tensor& grad_in) {
   const at::Tensor flipped = dgrad_weight(p, w);
   for (const DgradPhase& ph : dgrad_phases(p)) {
     const ConvParams& f = ph.fprop;
@@ -102,9 +103,10 @@ void dgrad_phases_on(Forward forward, const ConvParams& p, const at::Tensor& go,
     // A phase whose first tap reads past grad_output's first row reads it
     // from a later row (dgrad_phases).
     const at::Tensor src = ph.row_skip > 0 || ph.col_skip > 0
-                               ? go.slice(2, ph.row_skip).slice(3, ph.col_skip).contiguous()
+                               ? go.slice(2, ph.row_skip).slice(3, ph.col_skip).contiguous(format)
                                : go;
-    at::Tensor y = at::empty({p.batch, p.in_channels, f.out_h, f.out_w}, grad_in.options());
+    at::Tensor y = at::empty({p.batch, p.in_channels, f.out_h, f.out_w},
+                             grad_in.options().memory_format(format));
     forward(f, src.data_ptr<float>(), sub.data_ptr<float>(), nullptr, y.data_ptr<float>());
     dst.copy_(y);
   }
@@ -117,10 +119,26 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                      c10::IntArrayRef padding,
                                      c10::IntArrayRef dilation,
                                      int64_t groups) {
+  // A channels_last grad_input of the blocked kernel (one group) is
+  // computed on the channels_last operands, in place of NCHW copies.
+  const auto nhwc = [&](const ConvParams& p) {
+    return cpu_nhwc(p, Pass::kDgrad, grad_output.scalar_type());
+  };
   return dgrad_entry(
-      grad_output, weight, input_size, stride, padding, dilation, groups,
+      grad_output, weight, input_size, stride, padding, dilation, groups, nhwc,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
-         at::Tensor& grad_in) {
+         at::Tensor& grad_in, bool channels_last) {
+        if (channels_last) {  // go, grad_in channels_last; w as given
+          if (!dgrad_is_fprop(p)) {
+            dgrad_phases_on(&fprop_blocked_nhwc, at::MemoryFormat::ChannelsLast, p, go, w,
+                            grad_in);
+            return;
+          }
+          const at::Tensor wt = dgrad_weight(p, w).contiguous();
+          fprop_blocked_nhwc(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(),
+                             nullptr, grad_in.data_ptr<float>());
+          return;
+        }
         const Algo algo = choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo;
         if (algo == Algo::kCpuFewPixels) {
           dgrad_few_pixels(p, go.data_ptr<float>(), w.data_ptr<float>(),
@@ -133,7 +151,7 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                   : algo == Algo::kCpuDepthwise ? &fprop_depthwise
                                                                 : &fprop_narrow;
           if (!dgrad_is_fprop(p)) {
-            dgrad_phases_on(forward, p, go, w, grad_in);
+            dgrad_phases_on(forward, at::MemoryFormat::Contiguous, p, go, w, grad_in);
             return;
           }
           const at::Tensor wt = dgrad_weight(p, w).contiguous();

@@ -67,20 +67,28 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
                       const c10::optional<at::Tensor>& bias,
                       c10::IntArrayRef stride, c10::IntArrayRef padding,
                       c10::IntArrayRef dilation, int64_t groups) {
-  // A channels_last result of a depthwise layer (one output channel per
-  // input channel) is computed in place of its NCHW copies.
+  // A channels_last result of the blocked kernel (one group) or of a
+  // depthwise layer (one output channel per input channel) is computed on
+  // the channels_last operands, in place of NCHW copies.
   const auto nhwc = [&](const ConvParams& p) {
-    return choose_plan(p, Pass::kFprop, input.scalar_type(), /*sm=*/0).algo ==
-               Algo::kCpuDepthwise &&
-           depthwise_nhwc_fits(p);
+    return cpu_nhwc(p, Pass::kFprop, input.scalar_type());
   };
   return fprop_entry(
       input, weight, bias, stride, padding, dilation, groups, nhwc,
       [](const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
          const at::Tensor& b, at::Tensor& y, bool channels_last) {
         if (channels_last) {
-          fprop_depthwise_nhwc(p, x.data_ptr<float>(), w.data_ptr<float>(),
-                               b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+          const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
+          if (choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo ==
+              Algo::kCpuDepthwise) {
+            // (A depthwise weight's channels_last layout is its NCHW one.)
+            fprop_depthwise_nhwc(p, x.data_ptr<float>(), w.data_ptr<float>(), bias_ptr,
+                                 y.data_ptr<float>());
+          } else {
+            const at::Tensor wn = w.contiguous();  // packed from NCHW
+            fprop_blocked_nhwc(p, x.data_ptr<float>(), wn.data_ptr<float>(), bias_ptr,
+                               y.data_ptr<float>());
+          }
           return;
         }
         const Algo algo = choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo;
