@@ -361,7 +361,7 @@ bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
     case Pass::kDgrad:
       return algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(dgrad_as_fprop(p));
     case Pass::kWgrad:
-      return false;
+      return algo == Algo::kCpuBlocked && cpu::blocked_wgrad_nhwc_fits(p);
   }
   return false;
 }

@@ -82,9 +82,9 @@ bool few_channels_wgrad_sm90(int sm);
 bool nhwc_wgmma(int sm);
 
 // On the CPU: whether a channels_last result of `pass` runs on the
-// channels_last operands themselves (the blocked forward and dgrad of one
-// group, the depthwise forward of one output channel per input channel)
-// rather than on NCHW copies.
+// channels_last operands themselves (the blocked kernels' three passes of
+// one group, the depthwise forward of one output channel per input
+// channel) rather than on NCHW copies.
 bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype);
 
 // Whether that forward may split K where its 128-row tiles are few:

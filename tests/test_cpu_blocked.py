@@ -188,16 +188,24 @@ def test_unit_stride_dgrad_against_float64(isa_name, case, layout):
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_wgrad_against_float64(isa_name, case):
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_wgrad_against_float64(isa_name, case, layout):
     """wgrad on the blocked kernel: output channels x (channel, tap) entries
-    summed over every pixel of the batch."""
+    summed over every pixel of the batch; channels_last operands and
+    grad_w ((tap, channel) entries) for one group."""
     x, w, b, kw = _operands(case)
+    if layout == "channels_last":
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
     with isa(isa_name):
-        assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_blocked"
+        report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
         wg = w.clone().requires_grad_()
         y = conv2d_ext.conv2d(x, wg, b, **kw)
         gy = torch.randn_like(y)
         (gw,) = torch.autograd.grad(y, [wg], gy)
+    assert report.split()[0] == "cpu_blocked", report
+    assert ("layout=nhwc" in report) == (layout == "channels_last" and kw["groups"] == 1), report
+    if layout == "channels_last":
+        assert gw.is_contiguous(memory_format=torch.channels_last)
     _, _, gw64 = reference(x, w, None, kw["stride"], kw["padding"], kw["dilation"],
                            kw["groups"], grad_out=gy)
     pixels = y.shape[0] * y.shape[2] * y.shape[3]

@@ -218,22 +218,27 @@ struct WgradProblem {
 };
 
 // Each entry's input offset from its pixel's (image, row) base; entries
-// past the end repeat the last one and are dropped.
+// past the end repeat the last one and are dropped. Entries are (channel,
+// tap) in grad_w's NCHW order, or with kNhwc (channels_last operands and
+// grad_w, one group) (tap, channel), its channels_last order.
+template <bool kNhwc>
 inline void wgrad_offsets(const WgradProblem& a, int64_t e0, int64_t count,
                           int64_t (&off)[kEntries]) {
   const ConvParams& p = a.p;
-  const int64_t taps = p.taps();
+  const int64_t taps = p.taps(), cin = p.in_channels_per_group();
   for (int e = 0; e < kEntries; ++e) {
     const int64_t entry = e0 + std::min<int64_t>(e, count - 1);
-    const int64_t c = entry / taps, t = entry % taps;
+    const int64_t c = kNhwc ? entry % cin : entry / taps;
+    const int64_t t = kNhwc ? entry / cin : entry % taps;
     const int64_t r = t / p.kernel_w, sx = t % p.kernel_w;
-    off[e] = (c * a.hp + r * p.dilation_h) * a.wp + sx * p.dilation_w;
+    off[e] = kNhwc ? (r * p.dilation_h * a.wp + sx * p.dilation_w) * cin + c
+                   : (c * a.hp + r * p.dilation_h) * a.wp + sx * p.dilation_w;
   }
 }
 
 // One tile's sums (in `sums`, [kEntries][kKB]) continued over output rows
 // [oh0, oh1) of image n.
-template <typename T>
+template <typename T, bool kNhwc>
 __attribute__((always_inline)) inline void wgrad_rows(const WgradProblem& a, int64_t g,
                                                       int64_t kblock,
                                                       const int64_t (&off)[kEntries], int64_t n,
@@ -245,15 +250,18 @@ __attribute__((always_inline)) inline void wgrad_rows(const WgradProblem& a, int
   const int64_t cin = p.in_channels_per_group();
   vec acc[kEntries][kNV];
   std::memcpy(acc, sums, sizeof(acc));
+  const int64_t pixel_step = p.stride_w * (kNhwc ? cin : 1);
   for (int64_t oh = oh0; oh < oh1; ++oh) {
-    const float* xrow = a.xpad + ((n * p.in_channels + g * cin) * a.hp + oh * p.stride_h) * a.wp;
+    const float* xrow =
+        kNhwc ? a.xpad + ((n * a.hp + oh * p.stride_h) * a.wp) * cin
+              : a.xpad + ((n * p.in_channels + g * cin) * a.hp + oh * p.stride_h) * a.wp;
     const float* grow =
         a.go_t + (((g * p.batch + n) * p.out_h + oh) * p.out_w) * a.kpad + kblock * kKB;
     for (int64_t ow = 0; ow < p.out_w; ++ow) {
       vec gv[kNV];
       for (int v = 0; v < kNV; ++v)
         gv[v] = *reinterpret_cast<const vec_unaligned*>(grow + ow * a.kpad + v * kVL);
-      const float* xp = xrow + ow * p.stride_w;
+      const float* xp = xrow + ow * pixel_step;
 #pragma GCC unroll 16
       for (int e = 0; e < kEntries; ++e) {
         const float xv = xp[off[e]];
@@ -266,8 +274,8 @@ __attribute__((always_inline)) inline void wgrad_rows(const WgradProblem& a, int
 }
 
 // Tasks [begin, end) in (group, channel block, run of entry tiles) order.
-template <typename T>
-__attribute__((always_inline)) inline void wgrad_range(const WgradProblem& a, int64_t begin,
+template <typename T, bool kNhwc>
+__attribute__((always_inline)) inline void wgrad_tasks(const WgradProblem& a, int64_t begin,
                                                        int64_t end) {
   constexpr int kKB = T::kKB;
   const ConvParams& p = a.p;
@@ -287,13 +295,13 @@ __attribute__((always_inline)) inline void wgrad_range(const WgradProblem& a, in
     std::fill(sums.begin(), sums.end(), 0.f);
     for (int64_t i = 0; i < ntiles; ++i) {
       const int64_t e0 = (tile0 + i) * kEntries;
-      wgrad_offsets(a, e0, std::min<int64_t>(kEntries, entries - e0),
+      wgrad_offsets<kNhwc>(a, e0, std::min<int64_t>(kEntries, entries - e0),
                     *reinterpret_cast<int64_t(*)[kEntries]>(offs.data() + i * kEntries));
     }
     for (int64_t n = 0; n < p.batch; ++n)
       for (int64_t oh0 = 0; oh0 < p.out_h; oh0 += rows)
         for (int64_t i = 0; i < ntiles; ++i)
-          wgrad_rows<T>(a, g, kblock,
+          wgrad_rows<T, kNhwc>(a, g, kblock,
                         *reinterpret_cast<const int64_t(*)[kEntries]>(offs.data() + i * kEntries),
                         n, oh0, std::min(p.out_h, oh0 + rows),
                         sums.data() + i * kEntries * kKB);
@@ -309,7 +317,18 @@ __attribute__((always_inline)) inline void wgrad_range(const WgradProblem& a, in
     }
   }
 }
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_range(const WgradProblem& a, int64_t begin,
+                                                       int64_t end) {
+  wgrad_tasks<T, false>(a, begin, end);
+}
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_range_nhwc(const WgradProblem& a,
+                                                            int64_t begin, int64_t end) {
+  wgrad_tasks<T, true>(a, begin, end);
+}
 CONV2D_EXT_ISA_VARIANTS(wgrad, WgradProblem, wgrad_range)
+CONV2D_EXT_ISA_VARIANTS(wgrad_nhwc, WgradProblem, wgrad_range_nhwc)
 
 // ---- depthwise forward (one input channel per group, unit column
 // stride): each output plane alone, kDwVectors vectors of a row's pixels
@@ -791,6 +810,24 @@ std::string blocked_isa() {
   return "default";
 }
 
+namespace {
+// Runs of entry tiles long enough to share each chunk of grad_output,
+// short enough that every thread gets several tasks.
+using WgradRun = void (*)(const WgradProblem&, int64_t, int64_t);
+void run_wgrad(const ConvParams& p, const Padded& xpad, const float* go_t, int64_t kpad,
+               float* grad_w, WgradRun run) {
+  const int64_t kblocks = kpad / block_channels(isa());
+  const int64_t tiles = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
+  const int64_t tasks_wanted = 4 * int64_t(at::get_num_threads());
+  const int64_t per_task = std::max<int64_t>(
+      1, std::min<int64_t>(tiles, p.groups * kblocks * tiles / tasks_wanted));
+  const WgradProblem a{p, xpad.data.data(), go_t, grad_w, xpad.hp, xpad.wp, kpad, per_task};
+  const int64_t runs = (tiles + per_task - 1) / per_task;
+  at::parallel_for(0, p.groups * kblocks * runs, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+}  // namespace
+
 void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, float* grad_w) {
   const Isa i = isa();
   const int64_t kb = block_channels(i);
@@ -817,17 +854,34 @@ void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, f
       }
     }
   });
-  // Runs of entry tiles long enough to share each chunk of grad_output,
-  // short enough that every thread gets several tasks.
-  const int64_t tiles = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
-  const int64_t tasks_wanted = 4 * int64_t(at::get_num_threads());
-  const int64_t per_task = std::max<int64_t>(
-      1, std::min<int64_t>(tiles, p.groups * kblocks * tiles / tasks_wanted));
-  const WgradProblem a{p, xpad.data.data(), go_t.data(), grad_w, xpad.hp, xpad.wp, kpad, per_task};
-  auto* run = pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline);
-  const int64_t runs = (tiles + per_task - 1) / per_task;
-  at::parallel_for(0, p.groups * kblocks * runs, 1,
-                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+  run_wgrad(p, xpad, go_t.data(), kpad, grad_w, pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline));
+}
+
+bool blocked_wgrad_nhwc_fits(const ConvParams& p) { return blocked_fits(p) && p.groups == 1; }
+
+void wgrad_blocked_nhwc(const ConvParams& p, const float* grad_out, const float* x,
+                        float* grad_w) {
+  const Isa i = isa();
+  const int64_t kb = block_channels(i);
+  const int64_t K = p.out_channels;
+  const int64_t kpad = (K + kb - 1) / kb * kb;
+  const Padded xpad = pad_input_nhwc(p, x, 0);
+  // grad_output [image][row][column][K] is already the repacked layout
+  // where K fills whole channel blocks; else each pixel's run is widened
+  // with zeros.
+  std::vector<float> widened;
+  const float* go_t = grad_out;
+  if (kpad != K) {
+    const int64_t pixels = p.batch * p.out_h * p.out_w;
+    widened.assign(size_t(pixels * kpad), 0.f);
+    at::parallel_for(0, pixels, 1024, [&](int64_t begin, int64_t end) {
+      for (int64_t q = begin; q < end; ++q)
+        std::memcpy(widened.data() + q * kpad, grad_out + q * K, size_t(K) * sizeof(float));
+    });
+    go_t = widened.data();
+  }
+  run_wgrad(p, xpad, go_t, kpad, grad_w,
+            pick(i, &wgrad_nhwc_avx512, &wgrad_nhwc_avx2, &wgrad_nhwc_baseline));
 }
 
 bool depthwise_fits(const ConvParams& p) {

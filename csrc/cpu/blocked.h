@@ -37,6 +37,13 @@ void fprop_blocked_nhwc(const ConvParams& p, const float* x, const float* w, con
 // Fits where blocked_fits(p) does.
 void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, float* grad_w);
 
+// The same over channels_last grad_output and x, writing a channels_last
+// grad_w ([K][R][S][C]), one group: grad_output's pixels are already runs
+// of channels, and the (tap, channel) entries read the input in order.
+bool blocked_wgrad_nhwc_fits(const ConvParams& p);
+void wgrad_blocked_nhwc(const ConvParams& p, const float* grad_out, const float* x,
+                        float* grad_w);
+
 // The depthwise forward (blocked.cpp): one input channel per group, unit
 // column stride; each output plane alone, a row's pixels in vector
 // registers. Also dgrad of such a layer with one output channel per

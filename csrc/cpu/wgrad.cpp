@@ -70,10 +70,20 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
                                       c10::IntArrayRef padding,
                                       c10::IntArrayRef dilation,
                                       int64_t groups) {
+  // A channels_last grad_weight of the blocked kernel (one group) is
+  // computed on the channels_last operands, in place of NCHW copies.
+  const auto nhwc = [&](const ConvParams& p) {
+    return cpu_nhwc(p, Pass::kWgrad, grad_output.scalar_type());
+  };
   return wgrad_entry(
-      grad_output, input, weight_size, stride, padding, dilation, groups,
+      grad_output, input, weight_size, stride, padding, dilation, groups, nhwc,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
-         at::Tensor& grad_w) {
+         at::Tensor& grad_w, bool channels_last) {
+        if (channels_last) {
+          wgrad_blocked_nhwc(p, go.data_ptr<float>(), x.data_ptr<float>(),
+                             grad_w.data_ptr<float>());
+          return;
+        }
         const Algo algo = choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo;
         if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
             algo == Algo::kCpuNarrow || algo == Algo::kCpuFewPixels) {
