@@ -44,7 +44,12 @@ using Baseline = Traits<4, 2, 6>;
 
 // The weight of one group as [k block][C per group][R][S][kKB], zeros past
 // the group's last output channel.
-std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb) {
+// WeightOrder::kDgrad: p is dgrad_as_fprop(layer) and w the layer's own
+// weight [C][K per group][R][S] in p's channel names (p's inputs are the
+// layer's outputs), packed transposed per group and flipped, as dgrad's
+// forward reads it; no transposed copy is made.
+std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb,
+                                WeightOrder order = WeightOrder::kFprop) {
   const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
   const int64_t taps = p.taps(), blocks = (cout + kb - 1) / kb;
   std::vector<float> packed(size_t(p.groups * blocks * cin * taps * kb), 0.f);
@@ -53,9 +58,19 @@ std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb) {
       const int64_t g = gb / blocks, k0 = (gb % blocks) * kb;
       const int64_t kn = std::min<int64_t>(kb, cout - k0);
       float* dst = packed.data() + gb * cin * taps * kb;
-      for (int64_t k = 0; k < kn; ++k) {
-        const float* src = w + (g * cout + k0 + k) * cin * taps;
-        for (int64_t e = 0; e < cin * taps; ++e) dst[e * kb + k] = src[e];
+      if (order == WeightOrder::kFprop) {
+        for (int64_t k = 0; k < kn; ++k) {
+          const float* src = w + (g * cout + k0 + k) * cin * taps;
+          for (int64_t e = 0; e < cin * taps; ++e) dst[e * kb + k] = src[e];
+        }
+        continue;
+      }
+      // Entry (c, t) of output k: the layer's w[c][k][taps - 1 - t].
+      for (int64_t c = 0; c < cin; ++c) {
+        const float* src = w + ((g * cin + c) * cout + k0) * taps;
+        for (int64_t k = 0; k < kn; ++k)
+          for (int64_t t = 0; t < taps; ++t)
+            dst[(c * taps + t) * kb + k] = src[k * taps + taps - 1 - t];
       }
     }
   });
@@ -773,11 +788,11 @@ ConvParams pointwise_rows(const ConvParams& p, int kow) {
 }  // namespace
 
 void fprop_blocked(const ConvParams& layer, const float* x, const float* w, const float* bias,
-                   float* y) {
+                   float* y, WeightOrder order) {
   const Isa i = isa();
   const ConvParams p = pointwise_rows(layer, pick(i, Avx512::kOW, Avx2::kOW, Baseline::kOW));
   const Padded xpad = pad_input(p, x);
-  const std::vector<float> packed = pack_weights(p, w, block_channels(i));
+  const std::vector<float> packed = pack_weights(p, w, block_channels(i), order);
   const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
   auto* run = pick(i, &tasks_avx512, &tasks_avx2, &tasks_baseline);
   at::parallel_for(0, p.batch * p.groups * p.out_h, 1,
@@ -787,11 +802,11 @@ void fprop_blocked(const ConvParams& layer, const float* x, const float* w, cons
 bool blocked_nhwc_fits(const ConvParams& p) { return blocked_fits(p) && p.groups == 1; }
 
 void fprop_blocked_nhwc(const ConvParams& layer, const float* x, const float* w,
-                        const float* bias, float* y) {
+                        const float* bias, float* y, WeightOrder order) {
   const Isa i = isa();
   const ConvParams p = pointwise_rows(layer, pick(i, Avx512::kOW, Avx2::kOW, Baseline::kOW));
   const Padded xpad = pad_input_nhwc(p, x, 0);
-  const std::vector<float> packed = pack_weights(p, w, block_channels(i));
+  const std::vector<float> packed = pack_weights(p, w, block_channels(i), order);
   const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
   auto* run = pick(i, &tasks_nhwc_avx512, &tasks_nhwc_avx2, &tasks_nhwc_baseline);
   at::parallel_for(0, p.batch * p.out_h, 1,

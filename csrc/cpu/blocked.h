@@ -19,17 +19,18 @@ namespace cpu {
 bool blocked_fits(const ConvParams& p);
 
 // y = conv(x, w) + bias, all NCHW contiguous float32, bias null or [K].
-// Also dgrad at unit stride: p = dgrad_as_fprop(layer), x = grad_output,
-// w = the weight transposed per group and flipped.
+// Also dgrad: p = dgrad_as_fprop(layer) (a stride phase's forward), x =
+// grad_output, w = the weight transposed per group and flipped, or with
+// WeightOrder::kDgrad the layer's own weight (unit stride).
 void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
-                   float* y);
+                   float* y, WeightOrder order = WeightOrder::kFprop);
 
 // The same over channels_last x and y ([N][H][W][C]; w still NCHW), one
 // group: each pixel's channels are a run, so the outputs leave the
 // registers as they are held, pixel by pixel.
 bool blocked_nhwc_fits(const ConvParams& p);
 void fprop_blocked_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
-                        float* y);
+                        float* y, WeightOrder order = WeightOrder::kFprop);
 
 // grad_w (NCHW [K][C per group][R][S], float32) of a layer from
 // grad_output and x (NCHW contiguous): the same blocking with output

@@ -130,13 +130,16 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
          at::Tensor& grad_in, bool channels_last) {
         if (channels_last) {  // go, grad_in channels_last; w as given
           if (!dgrad_is_fprop(p)) {
-            dgrad_phases_on(&fprop_blocked_nhwc, at::MemoryFormat::ChannelsLast, p, go, w,
-                            grad_in);
+            dgrad_phases_on(
+                [](const ConvParams& f, const float* x, const float* sub, const float* b,
+                   float* y) { fprop_blocked_nhwc(f, x, sub, b, y); },
+                at::MemoryFormat::ChannelsLast, p, go, w, grad_in);
             return;
           }
-          const at::Tensor wt = dgrad_weight(p, w).contiguous();
-          fprop_blocked_nhwc(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(),
-                             nullptr, grad_in.data_ptr<float>());
+          // Packed straight from the layer's weight, transposed and flipped.
+          const at::Tensor wn = w.contiguous();
+          fprop_blocked_nhwc(dgrad_as_fprop(p), go.data_ptr<float>(), wn.data_ptr<float>(),
+                             nullptr, grad_in.data_ptr<float>(), WeightOrder::kDgrad);
           return;
         }
         const Algo algo = choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo;
@@ -147,11 +150,18 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
         }
         if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
             algo == Algo::kCpuNarrow) {
-          const Forward forward = algo == Algo::kCpuBlocked     ? &fprop_blocked
+          const Forward blocked = [](const ConvParams& f, const float* x, const float* sub,
+                                     const float* b, float* y) { fprop_blocked(f, x, sub, b, y); };
+          const Forward forward = algo == Algo::kCpuBlocked     ? blocked
                                   : algo == Algo::kCpuDepthwise ? &fprop_depthwise
                                                                 : &fprop_narrow;
           if (!dgrad_is_fprop(p)) {
             dgrad_phases_on(forward, at::MemoryFormat::Contiguous, p, go, w, grad_in);
+            return;
+          }
+          if (algo == Algo::kCpuBlocked) {  // packed straight from the layer's weight
+            fprop_blocked(dgrad_as_fprop(p), go.data_ptr<float>(), w.data_ptr<float>(), nullptr,
+                          grad_in.data_ptr<float>(), WeightOrder::kDgrad);
             return;
           }
           const at::Tensor wt = dgrad_weight(p, w).contiguous();

@@ -94,12 +94,16 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
         const Algo algo = choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo;
         if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
             algo == Algo::kCpuNarrow || algo == Algo::kCpuFewPixels) {
-          auto* run = algo == Algo::kCpuBlocked     ? &fprop_blocked
-                      : algo == Algo::kCpuDepthwise ? &fprop_depthwise
-                      : algo == Algo::kCpuNarrow    ? &fprop_narrow
-                                                    : &fprop_few_pixels;
-          run(p, x.data_ptr<float>(), w.data_ptr<float>(),
-              b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+          const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
+          if (algo == Algo::kCpuBlocked) {
+            fprop_blocked(p, x.data_ptr<float>(), w.data_ptr<float>(), bias_ptr,
+                          y.data_ptr<float>());
+            return;
+          }
+          auto* run = algo == Algo::kCpuDepthwise ? &fprop_depthwise
+                      : algo == Algo::kCpuNarrow  ? &fprop_narrow
+                                                  : &fprop_few_pixels;
+          run(p, x.data_ptr<float>(), w.data_ptr<float>(), bias_ptr, y.data_ptr<float>());
           return;
         }
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop_cpu", [&] {
