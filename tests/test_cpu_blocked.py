@@ -257,6 +257,8 @@ FEW_PIXELS = {
     "pad_past_reach": (1, 5, 2, 2, 9, (2, 2), 1, 2, 1, 1, False),
     "depthwise": (2, 8, 4, 4, 16, (3, 3), 1, 1, 1, 8, True),
     "batch_3_7x7_s2": (3, 33, 7, 7, 20, (3, 3), 2, 1, 1, 1, True),
+    # 49 pixels and a short reduction: the forward with pixels in vectors.
+    "pointwise_7x7": (1, 64, 7, 7, 24, (1, 1), 1, 0, 1, 1, True),
 }
 
 

@@ -5,7 +5,9 @@
 // [K][J] as stored. The input is first gathered into col_g [M][J] (each
 // pixel's receptive field, zeros in the padding), and grad_output into
 // go_g [K][M]. Then
-//   fprop  y[m][k]     = sum_j W_g[k][j] col_g[m][j]  dot products along J,
+//   fprop  y[m][k]     = sum_j W_g[k][j] col_g[m][j]  dot products along J
+//                       (or, where the pixels fill most of their vectors,
+//                       pixels in vectors over col_g transposed),
 //   dgrad  dcol[m][j]  = sum_k W_g[k][j] go_g[k][m]   rows of W along J,
 //                       added back into grad_input's pixels (col2im),
 //   wgrad  gw[k][j]    = sum_m go_g[k][m] col_g[m][j] rows of gw along J,
@@ -83,6 +85,32 @@ std::vector<float> gather_columns(const ConvParams& p, const float* x) {
     }
   });
   return col;
+}
+
+// The same transposed, colT [group][J][mpad]: row j = (channel, tap) holds
+// every pixel's value under that tap, zeros past M.
+std::vector<float> gather_columns_t(const ConvParams& p, const float* x, int64_t mpad) {
+  const Geometry G = geometry(p);
+  const int64_t cin = p.in_channels_per_group(), pq = p.out_h * p.out_w;
+  std::vector<float> colt(size_t(G.groups * G.j * mpad), 0.f);
+  at::parallel_for(0, G.groups * cin, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t gc = begin; gc < end; ++gc) {
+      const int64_t g = gc / cin, c = gc % cin;
+      for (int64_t r = 0; r < p.kernel_h; ++r)
+        for (int64_t s = 0; s < p.kernel_w; ++s) {
+          const int64_t j = (c * p.kernel_h + r) * p.kernel_w + s;
+          float* dst = colt.data() + (g * G.j + j) * mpad;
+          for (int64_t m = 0; m < G.m; ++m) {
+            const int64_t n = m / pq, oh = (m % pq) / p.out_w, ow = m % p.out_w;
+            const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+            const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
+            if (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w)
+              dst[m] = x[((n * p.in_channels + g * cin + c) * p.in_h + ih) * p.in_w + iw];
+          }
+        }
+    }
+  });
+  return colt;
 }
 
 // grad_output as [group][K][M].
@@ -173,6 +201,62 @@ __attribute__((always_inline)) inline void fprop_range(const Fprop& a, int64_t b
       fprop_tile<T>(a, t / kblocks, (t % kblocks) * kRows, m0);
 }
 CONV2D_EXT_ISA_VARIANTS(fprop, Fprop, fprop_range)
+
+// ---- fprop with the pixels as the vectors: with the columns transposed,
+// colT [group][J][mpad] (pixels padded with zeros to whole groups of kCols
+// vectors), each step along J is kRows broadcast weights times kCols
+// vectors of pixels, and no lanes are added at the end. Taken where the
+// pixels fill most of their vectors: the dot products along J above spend
+// as much on adding lanes as on the math where J is short.
+struct FpropT {
+  const ConvParams& p;
+  const float *colt, *w, *bias;
+  float* y;
+  Geometry G;
+  int64_t mpad;
+};
+
+template <typename T>
+__attribute__((always_inline)) inline void fprop_t_tile(const FpropT& a, int64_t g, int64_t k0,
+                                                        int64_t m0) {
+  const Geometry& G = a.G;
+  // Rows past the group's end repeat its last and are dropped.
+  const float* wr[kRows];
+  for (int r = 0; r < kRows; ++r)
+    wr[r] = a.w + (g * G.kg + std::min<int64_t>(k0 + r, G.kg - 1)) * G.j;
+  const float* const ct = a.colt + g * G.j * a.mpad + m0;
+  vec<T> acc[kRows][kCols];
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c) acc[r][c] = vec<T>{};
+  for (int64_t j = 0; j < G.j; ++j) {
+    vec<T> cv[kCols];
+    for (int c = 0; c < kCols; ++c) cv[c] = load<T>(ct + j * a.mpad + c * T::kVL);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      const float wv = wr[r][j];
+#pragma GCC unroll 4
+      for (int c = 0; c < kCols; ++c) acc[r][c] += wv * cv[c];
+    }
+  }
+  float out[kCols * T::kVL];
+  for (int r = 0; r < kRows && k0 + r < G.kg; ++r) {
+    const int64_t k = g * G.kg + k0 + r;
+    const float b = a.bias ? a.bias[k] : 0.f;
+    std::memcpy(out, acc[r], sizeof(out));
+    for (int64_t q = 0; q < kCols * T::kVL && m0 + q < G.m; ++q)
+      a.y[y_offset(a.p, k, m0 + q)] = out[q] + b;
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void fprop_t_range(const FpropT& a, int64_t begin,
+                                                         int64_t end) {
+  const int64_t kblocks = (a.G.kg + kRows - 1) / kRows;
+  for (int64_t t = begin; t < end; ++t)
+    for (int64_t m0 = 0; m0 < a.G.m; m0 += kCols * T::kVL)
+      fprop_t_tile<T>(a, t / kblocks, (t % kblocks) * kRows, m0);
+}
+CONV2D_EXT_ISA_VARIANTS(fprop_t, FpropT, fprop_t_range)
 
 // ---- dgrad: a task is one chunk of J of one group, every pixel; the
 // columns' gradients go to dcol [group][M][J].
@@ -297,9 +381,25 @@ void fprop_few_pixels(const ConvParams& p, const float* x, const float* w, const
                       float* y) {
   const Geometry G = geometry(p);
   if (G.m == 0) return;
+  const Isa i = isa();
+  const int64_t width =
+      pick(i, chunk_floats<Avx512>(), chunk_floats<Avx2>(), chunk_floats<Baseline>());
+  const int64_t mpad = (G.m + width - 1) / width * width;
+  const int64_t kblocks = (G.kg + kRows - 1) / kRows;
+  // Pixels filling at least 3/4 of their vectors, and a short J (longer
+  // ones amortise the lanes' sum, and the pixel form's broadcasts from four
+  // weight rows cost more than its math saves).
+  if (4 * G.m >= 3 * mpad && G.j <= 256) {
+    const std::vector<float> colt = gather_columns_t(p, x, mpad);
+    const FpropT a{p, colt.data(), w, bias, y, G, mpad};
+    auto* run = pick(i, &fprop_t_avx512, &fprop_t_avx2, &fprop_t_baseline);
+    at::parallel_for(0, G.groups * kblocks, 1,
+                     [&](int64_t begin, int64_t end) { run(a, begin, end); });
+    return;
+  }
   const std::vector<float> col = gather_columns(p, x);
   const Fprop a{p, col.data(), w, bias, y, G};
-  auto* run = pick(isa(), &fprop_avx512, &fprop_avx2, &fprop_baseline);
+  auto* run = pick(i, &fprop_avx512, &fprop_avx2, &fprop_baseline);
   at::parallel_for(0, G.groups * ((G.kg + kRows - 1) / kRows), 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
