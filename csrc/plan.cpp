@@ -184,7 +184,10 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       f.stride_h = f.stride_w = 1;
     }
     // (Strided depthwise dgrad: the direct loop beats its phases.)
-    const bool depthwise = cpu::depthwise_fits(f) && (pass != Pass::kDgrad || dgrad_is_fprop(p));
+    // (Its wgrad, the narrow kernel's, reads pixels at unit column stride.)
+    const bool depthwise = cpu::depthwise_fits(f) &&
+                           (pass != Pass::kDgrad || dgrad_is_fprop(p)) &&
+                           (pass != Pass::kWgrad || p.stride_w == 1);
     // (Depthwise dgrad would fill a quarter of the narrow kernel's
     // channels.)
     const bool depthwise_layer = p.in_channels_per_group() == 1 && p.groups > 1;

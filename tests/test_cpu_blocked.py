@@ -119,12 +119,11 @@ def test_same_bits_for_one_and_all_threads(case, pass_):
 
 
 def test_narrow_groups_and_float64_keep_the_direct_loop():
-    """Depthwise layers would fill a channel block to a fraction (the
-    depthwise kernels take unit column strides only); float64 keeps the
-    accurate loop."""
+    """Depthwise layers would fill a channel block to a fraction (their wgrad
+    takes unit column strides only); float64 keeps the accurate loop."""
     x = torch.randn(2, 32, 12, 12)
     w = torch.randn(32, 1, 3, 3)
-    assert ops._algorithm("forward", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
+    assert ops._algorithm("forward", x, w, [1, 2], [1, 1], [1, 1], 32) == "cpu_depthwise"
     assert ops._algorithm("backward_weight", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
     w2 = torch.randn(8, 32, 3, 3)
     assert ops._algorithm("forward", x.double(), w2.double(), [1, 1], [1, 1], [1, 1], 1) == "direct"
@@ -221,6 +220,9 @@ DEPTHWISE = {
     "7x7_dilated": (1, 4, 20, 18, 1, (7, 7), 1, (6, 3), (2, 1), True),
     # 40 channels: vectors of 16 or 8 channels and a tail (channels_last).
     "40_channels_strided_rows": (2, 40, 11, 9, 1, (3, 3), (2, 1), 1, 1, True),
+    # Column strides 2 and 3: rows split into phase rows.
+    "3x3_stride_2": (2, 12, 17, 35, 1, (3, 3), 2, 1, 1, True),
+    "5x5_stride_3_dilated": (1, 8, 19, 40, 2, (5, 5), (1, 3), 2, (1, 2), False),
 }
 
 
@@ -337,8 +339,15 @@ def test_depthwise_backward_against_float64(isa_name, case):
     w = torch.randn(c * mult, 1, *ks, generator=g)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
     unit = stride == 1
+    unit_columns = (stride if isinstance(stride, int) else stride[1]) == 1
     with isa(isa_name):
-        assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_depthwise"
+        # Column strides past 1: the blocked wgrad where this instruction
+        # set's channel block takes the multiplier, else the direct loop.
+        report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
+        block = BLOCK_CHANNELS[report.split("isa=")[1].split()[0]] if "isa=" in report else 0
+        expected = ("cpu_depthwise" if unit_columns
+                    else "cpu_blocked" if block and 4 * mult >= block else "direct")
+        assert report.split()[0] == expected, report
         assert ops._algorithm("backward_input", *_args(x, w, kw)) == (
             "cpu_depthwise" if unit and mult == 1 else "direct")
         y, gx, gw, gy = _all_passes(x, w, None, kw)

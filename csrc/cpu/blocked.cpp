@@ -351,11 +351,16 @@ CONV2D_EXT_ISA_VARIANTS(wgrad_nhwc, WgradProblem, wgrad_range_nhwc)
 // the padded input row.
 constexpr int kDwVectors = 4;
 
+// At column stride sw the padded plane is kept with each row split into
+// sw phase rows of wq floats (phase q: the row's columns q, q + sw, ...), so
+// that a tap's inputs under consecutive output pixels are consecutive
+// floats of one phase row; at unit stride that is the row itself.
 struct DwProblem {
   const ConvParams& p;
   const float *x, *w, *bias;  // x unpadded
   float* y;
   int64_t hp, wp;  // the padded plane's extents
+  int64_t wq;      // a phase row's floats: wp / stride_w, rounded up
 };
 
 // Output plane k of image n from its input plane, already zero-padded
@@ -372,11 +377,12 @@ __attribute__((always_inline)) inline void dw_plane(const DwProblem& a, int64_t 
   const float* wk = a.w + k * p.taps();
   const float b = a.bias ? a.bias[k] : 0.f;
   float* yplane = a.y + (n * p.out_channels + k) * p.out_h * p.out_w;
+  const int64_t row = p.stride_w * a.wq;  // a padded row's floats
   for (int64_t oh0 = 0; oh0 < p.out_h; oh0 += kRows) {
     // Rows past the plane's end repeat its last and are dropped.
     const float* xrow[kRows];
     for (int i = 0; i < kRows; ++i)
-      xrow[i] = xplane + std::min<int64_t>(oh0 + i, p.out_h - 1) * p.stride_h * a.wp;
+      xrow[i] = xplane + std::min<int64_t>(oh0 + i, p.out_h - 1) * p.stride_h * row;
     for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kBlock) {
       vec acc[kRows][kVectors];
       for (int i = 0; i < kRows; ++i)
@@ -384,7 +390,9 @@ __attribute__((always_inline)) inline void dw_plane(const DwProblem& a, int64_t 
       for (int64_t r = 0; r < p.kernel_h; ++r) {
         for (int64_t sx = 0; sx < p.kernel_w; ++sx) {
           const float wv = wk[r * p.kernel_w + sx];
-          const int64_t at = r * p.dilation_h * a.wp + ow0 + sx * p.dilation_w;
+          const int64_t col = sx * p.dilation_w;  // the tap's phase row and place in it
+          const int64_t at =
+              r * p.dilation_h * row + (col % p.stride_w) * a.wq + col / p.stride_w + ow0;
 #pragma GCC unroll 4
           for (int i = 0; i < kRows; ++i)
 #pragma GCC unroll 4
@@ -410,14 +418,26 @@ template <typename T>
 __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t begin,
                                                     int64_t end) {
   const ConvParams& p = a.p;
-  std::vector<float> plane(size_t(a.hp * a.wp + int64_t(T::kVL) * kDwVectors + 1), 0.f);
+  const int64_t sw = p.stride_w, row = sw * a.wq;
+  std::vector<float> plane(size_t(a.hp * row + int64_t(T::kVL) * kDwVectors + 1), 0.f);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t n = t / p.out_channels, k = t % p.out_channels;
     const int64_t c = k / p.out_channels_per_group();  // the group's one input channel
     const float* src = a.x + (n * p.in_channels + c) * p.in_h * p.in_w;
-    for (int64_t h = 0; h < p.in_h; ++h)
-      std::memcpy(plane.data() + (h + p.pad_h) * a.wp + p.pad_w, src + h * p.in_w,
-                  size_t(p.in_w) * sizeof(float));
+    for (int64_t h = 0; h < p.in_h; ++h) {
+      float* dst = plane.data() + (h + p.pad_h) * row;
+      if (sw == 1) {
+        std::memcpy(dst + p.pad_w, src + h * p.in_w, size_t(p.in_w) * sizeof(float));
+        continue;
+      }
+      // Phase row q holds padded columns q, q + sw, ...: input column
+      // q + sw * i - pad_w.
+      for (int64_t q = 0; q < sw; ++q) {
+        float* phase = dst + q * a.wq;
+        for (int64_t i = 0, w = q - p.pad_w; i < a.wq; ++i, w += sw)
+          if (w >= 0 && w < p.in_w) phase[i] = src[h * p.in_w + w];
+      }
+    }
     if (p.out_w <= T::kVL) {
       dw_plane<T, 4>(a, n, k, plane.data());
     } else if (p.out_w <= 2 * T::kVL) {
@@ -900,14 +920,14 @@ void wgrad_blocked_nhwc(const ConvParams& p, const float* grad_out, const float*
 }
 
 bool depthwise_fits(const ConvParams& p) {
-  return p.in_channels_per_group() == 1 && p.groups > 1 && p.stride_w == 1;
+  return p.in_channels_per_group() == 1 && p.groups > 1;
 }
 
 void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
                      float* y) {
   const Isa i = isa();
   const Extents e = padded_extents(p);
-  const DwProblem a{p, x, w, bias, y, e.hp, e.wp};
+  const DwProblem a{p, x, w, bias, y, e.hp, e.wp, (e.wp + p.stride_w - 1) / p.stride_w};
   auto* run = pick(i, &dw_avx512, &dw_avx2, &dw_baseline);
   at::parallel_for(0, p.batch * p.out_channels, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });

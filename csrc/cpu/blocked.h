@@ -45,10 +45,10 @@ bool blocked_wgrad_nhwc_fits(const ConvParams& p);
 void wgrad_blocked_nhwc(const ConvParams& p, const float* grad_out, const float* x,
                         float* grad_w);
 
-// The depthwise forward (blocked.cpp): one input channel per group, unit
-// column stride; each output plane alone, a row's pixels in vector
-// registers. Also dgrad of such a layer with one output channel per
-// group, as blocked_fits's forwards.
+// The depthwise forward (blocked.cpp): one input channel per group; each
+// output plane alone, a row's pixels in vector registers (at column stride
+// s over rows split into s phase rows). Also dgrad of such a layer with one
+// output channel per group, as blocked_fits's forwards.
 bool depthwise_fits(const ConvParams& p);
 void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
                      float* y);
