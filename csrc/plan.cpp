@@ -184,10 +184,7 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       f.stride_h = f.stride_w = 1;
     }
     // (Strided depthwise dgrad: the direct loop beats its phases.)
-    // (Its wgrad, the narrow kernel's, reads pixels at unit column stride.)
-    const bool depthwise = cpu::depthwise_fits(f) &&
-                           (pass != Pass::kDgrad || dgrad_is_fprop(p)) &&
-                           (pass != Pass::kWgrad || p.stride_w == 1);
+    const bool depthwise = cpu::depthwise_fits(f) && (pass != Pass::kDgrad || dgrad_is_fprop(p));
     // (Depthwise dgrad would fill a quarter of the narrow kernel's
     // channels.)
     const bool depthwise_layer = p.in_channels_per_group() == 1 && p.groups > 1;
@@ -195,7 +192,8 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       plan.algo = Algo::kCpuDepthwise;
     } else if (cpu::blocked_fits(f)) {
       plan.algo = Algo::kCpuBlocked;
-    } else if (cpu::narrow_fits(f) && !(pass == Pass::kDgrad && depthwise_layer)) {
+    } else if ((pass == Pass::kWgrad || cpu::narrow_fits(f)) &&
+               !(pass == Pass::kDgrad && depthwise_layer)) {  // (wgrad: any stride)
       plan.algo = Algo::kCpuNarrow;
     }
     return plan;

@@ -118,13 +118,15 @@ def test_same_bits_for_one_and_all_threads(case, pass_):
     assert torch.equal(*results)
 
 
-def test_narrow_groups_and_float64_keep_the_direct_loop():
-    """Depthwise layers would fill a channel block to a fraction (their wgrad
-    takes unit column strides only); float64 keeps the accurate loop."""
+def test_strided_depthwise_dgrad_and_float64_keep_the_direct_loop():
+    """Depthwise layers at column stride 2 run their own kernels but for a
+    strided dgrad (the direct loop, faster than its phases); float64 keeps
+    the accurate loop."""
     x = torch.randn(2, 32, 12, 12)
     w = torch.randn(32, 1, 3, 3)
     assert ops._algorithm("forward", x, w, [1, 2], [1, 1], [1, 1], 32) == "cpu_depthwise"
-    assert ops._algorithm("backward_weight", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
+    assert ops._algorithm("backward_weight", x, w, [1, 2], [1, 1], [1, 1], 32) == "cpu_depthwise"
+    assert ops._algorithm("backward_input", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
     w2 = torch.randn(8, 32, 3, 3)
     assert ops._algorithm("forward", x.double(), w2.double(), [1, 1], [1, 1], [1, 1], 1) == "direct"
 
@@ -339,15 +341,8 @@ def test_depthwise_backward_against_float64(isa_name, case):
     w = torch.randn(c * mult, 1, *ks, generator=g)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
     unit = stride == 1
-    unit_columns = (stride if isinstance(stride, int) else stride[1]) == 1
     with isa(isa_name):
-        # Column strides past 1: the blocked wgrad where this instruction
-        # set's channel block takes the multiplier, else the direct loop.
-        report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
-        block = BLOCK_CHANNELS[report.split("isa=")[1].split()[0]] if "isa=" in report else 0
-        expected = ("cpu_depthwise" if unit_columns
-                    else "cpu_blocked" if block and 4 * mult >= block else "direct")
-        assert report.split()[0] == expected, report
+        assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_depthwise"
         assert ops._algorithm("backward_input", *_args(x, w, kw)) == (
             "cpu_depthwise" if unit and mult == 1 else "direct")
         y, gx, gw, gy = _all_passes(x, w, None, kw)
@@ -435,3 +430,22 @@ def test_narrow_same_bits_for_one_and_all_threads():
         torch.set_num_threads(before)
     for one, many in zip(*results):
         assert torch.equal(one, many)
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+def test_narrow_wgrad_at_column_stride_2(isa_name):
+    """wgrad of a grouped layer (4 output channels a group) at stride 2: the
+    narrow wgrad over phase rows, or the blocked one where this instruction
+    set's channel block takes 4 channels."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 16, 13, 15, generator=g)
+    w = torch.randn(16, 4, 3, 3, generator=g)
+    kw = dict(stride=2, padding=1, dilation=1, groups=4)
+    with isa(isa_name):
+        report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
+        y, gx, gw, gy = _all_passes(x, w, None, kw)
+    block = BLOCK_CHANNELS[report.split("isa=")[1].split()[0]]
+    assert report.split()[0] == ("cpu_blocked" if 4 * 4 >= block else "cpu_narrow"), report
+    _, _, gw64, _ = reference(x, w, torch.zeros(16), 2, 1, 1, 4, grad_out=gy)
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)

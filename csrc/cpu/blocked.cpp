@@ -622,11 +622,14 @@ CONV2D_EXT_ISA_VARIANTS(narrow, NarrowProblem, narrow_range)
 // times the padded input under them, lanes added last.
 constexpr int kWgradEntries = 16;
 
+// The padded input's rows are split into stride_w phase rows of wq floats
+// each (as the depthwise forward's), so that at any column stride a
+// vector of output pixels reads consecutive floats.
 struct NarrowWgradProblem {
   const ConvParams& p;
   const float *xpad, *go;
   float* gw;
-  int64_t hp, wp;
+  int64_t hp, wq;
 };
 
 template <typename T>
@@ -636,6 +639,7 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
   typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
   constexpr int kVL = T::kVL;
   const ConvParams& p = a.p;
+  const int64_t row = p.stride_w * a.wq;  // a padded row's floats
   const int64_t cin = p.in_channels_per_group(), taps = p.taps();
   const int64_t c0 = k / p.out_channels_per_group() * cin;  // the group's first input channel
   // Each entry's input offset from its pixel's row in the group's first
@@ -644,8 +648,9 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
   for (int e = 0; e < kWgradEntries; ++e) {
     const int64_t entry = e0 + std::min<int64_t>(e, count - 1);
     const int64_t c = entry / taps, tap = entry % taps;
-    off[e] = (c * a.hp + (tap / p.kernel_w) * p.dilation_h) * a.wp +
-             (tap % p.kernel_w) * p.dilation_w;
+    const int64_t col = (tap % p.kernel_w) * p.dilation_w;
+    off[e] = (c * a.hp + (tap / p.kernel_w) * p.dilation_h) * row +
+             (col % p.stride_w) * a.wq + col / p.stride_w;
   }
   typedef int ivec __attribute__((vector_size(T::kVL * sizeof(int))));
   vec acc[kWgradEntries];
@@ -661,11 +666,11 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
     std::memcpy(&keep, lanes, sizeof(keep));
   }
   for (int64_t n = 0; n < p.batch; ++n) {
-    const float* xplane = a.xpad + (n * p.in_channels + c0) * a.hp * a.wp;
+    const float* xplane = a.xpad + (n * p.in_channels + c0) * a.hp * row;
     const float* goplane = a.go + (n * p.out_channels + k) * p.out_h * p.out_w;
     for (int64_t oh = 0; oh < p.out_h; ++oh) {
       const float* grow = goplane + oh * p.out_w;
-      const float* xrow = xplane + oh * p.stride_h * a.wp;
+      const float* xrow = xplane + oh * p.stride_h * row;
       for (int64_t ow0 = 0; ow0 < full; ow0 += kVL) {
         const vec gv = *reinterpret_cast<const vec_unaligned*>(grow + ow0);
 #pragma GCC unroll 16
@@ -761,6 +766,31 @@ Padded pad_input(const ConvParams& p, const float* x, int64_t slack = 0) {
   });
   return padded;
 }
+// The same with each padded row split into stride_w phase rows (phase q:
+// padded columns q, q + stride_w, ...), wq = wp / stride_w rounded up
+// floats each; `wp` of the result is wq. At unit stride, pad_input's.
+Padded pad_input_phases(const ConvParams& p, const float* x, int64_t slack) {
+  const int64_t sw = p.stride_w;
+  if (sw == 1) return pad_input(p, x, slack);
+  const Extents e = padded_extents(p);
+  const int64_t wq = (e.wp + sw - 1) / sw, row = sw * wq;
+  Padded padded{{}, e.hp, wq};
+  const int64_t planes = p.batch * p.in_channels;
+  padded.data.assign(size_t(planes * e.hp * row + slack), 0.f);
+  float* const out = padded.data.data();
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t pl = begin; pl < end; ++pl)
+      for (int64_t h = 0; h < p.in_h; ++h) {
+        const float* src = x + (pl * p.in_h + h) * p.in_w;
+        float* dst = out + (pl * e.hp + h + p.pad_h) * row;
+        for (int64_t q = 0; q < sw; ++q)
+          for (int64_t i = 0, w = q - p.pad_w; i < wq; ++i, w += sw)
+            if (w >= 0 && w < p.in_w) dst[q * wq + i] = src[w];
+      }
+  });
+  return padded;
+}
+
 // The same for channels_last x: [N][hp][wp][C].
 Padded pad_input_nhwc(const ConvParams& p, const float* x, int64_t slack) {
   const Extents e = padded_extents(p);
@@ -966,7 +996,7 @@ void fprop_narrow(const ConvParams& p, const float* x, const float* w, const flo
 void wgrad_narrow(const ConvParams& p, const float* grad_out, const float* x, float* grad_w) {
   const Isa i = isa();
   // Slack for the reads of a row's last, partial vector.
-  const Padded xpad = pad_input(p, x, int64_t(Avx512::kVL) + 1);
+  const Padded xpad = pad_input_phases(p, x, int64_t(Avx512::kVL) + 1);
   const NarrowWgradProblem a{p, xpad.data.data(), grad_out, grad_w, xpad.hp, xpad.wp};
   auto* run = pick(i, &narrow_wgrad_avx512, &narrow_wgrad_avx2, &narrow_wgrad_baseline);
   at::parallel_for(0, p.out_channels, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });

@@ -61,11 +61,11 @@ void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, c
                           float* y);
 
 // The narrow kernels (blocked.cpp), for layers with few output channels
-// per group (where blocked_fits does not hold) at unit column stride. The
-// forward keeps a row's pixels in vector registers for up to 4 output
-// channels at a time (also dgrad, as blocked_fits's forwards); wgrad keeps
-// up to 16 (input channel, tap) entries of one output channel, summed over
-// every pixel (depthwise layers' too).
+// per group (where blocked_fits does not hold). The forward (unit column
+// stride, narrow_fits) keeps a row's pixels in vector registers for up to
+// 4 output channels at a time (also dgrad, as blocked_fits's forwards);
+// wgrad (any stride) keeps up to 16 (input channel, tap) entries of one
+// output channel, summed over every pixel (depthwise layers' too).
 bool narrow_fits(const ConvParams& p);
 void fprop_narrow(const ConvParams& p, const float* x, const float* w, const float* bias,
                   float* y);
