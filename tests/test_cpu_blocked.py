@@ -266,13 +266,31 @@ FEW_PIXELS = {
 }
 
 
-def _few(case, seed=2):
-    n, c, h, w, k, ks, stride, padding, dilation, groups, bias = FEW_PIXELS[case]
+def _from(table, case, seed):
+    """Operands of a (N, C, H, W, K, (R, S), stride, padding, dilation,
+    groups, bias) table's case."""
+    n, c, h, w, k, ks, stride, padding, dilation, groups, bias = table[case]
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c, h, w, generator=g)
     wt = torch.randn(k, c // groups, *ks, generator=g)
     b = torch.randn(k, generator=g) if bias else None
     return x, wt, b, dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def _few(case):
+    return _from(FEW_PIXELS, case, 2)
+
+
+def _assert_passes_against_float64(x, w, b, kw, y, gx, gw, gy):
+    y64, gx64, gw64, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
+                                   kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
+                                   grad_out=gy)
+    k_per_group = w.shape[0] // kw["groups"]
+    assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())
+    assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee",
+                                          k_per_group * w.shape[2] * w.shape[3])
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
 
 
 def _all_passes(x, w, b, kw, gy=None):
@@ -291,31 +309,7 @@ def test_few_pixels_against_float64(isa_name, case):
         for pass_ in ("forward", "backward_input", "backward_weight"):
             assert ops._algorithm(pass_, *_args(x, w, kw)) == "cpu_few_pixels", pass_
         y, gx, gw, gy = _all_passes(x, w, b, kw)
-    y64, gx64, gw64, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
-                                   kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
-                                   grad_out=gy)
-    k_per_group = w.shape[0] // kw["groups"]
-    assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())
-    assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee",
-                                          k_per_group * w.shape[2] * w.shape[3])
-    pixels = y.shape[0] * y.shape[2] * y.shape[3]
-    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
-
-
-@pytest.mark.parametrize("case", ["3x3_plane_3x3", "strided_dilated_grouped"])
-def test_few_pixels_same_bits_for_one_and_all_threads(case):
-    x, w, b, kw = _few(case)
-    gy = torch.randn(conv2d_ext.conv2d(x, w, b, **kw).shape)
-    before = torch.get_num_threads()
-    results = []
-    try:
-        for threads in (1, max(2, before)):
-            torch.set_num_threads(threads)
-            results.append(_all_passes(x, w, b, kw, gy)[:3])
-    finally:
-        torch.set_num_threads(before)
-    for one, many in zip(*results):
-        assert torch.equal(one, many)
+    _assert_passes_against_float64(x, w, b, kw, y, gx, gw, gy)
 
 
 def test_few_pixels_bound():
@@ -381,13 +375,8 @@ NARROW = {
 BLOCK_CHANNELS = {"avx512": 32, "avx2": 16, "default": 8}
 
 
-def _narrow(case, seed=4):
-    n, c, h, w, k, ks, stride, padding, dilation, groups, bias = NARROW[case]
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, c, h, w, generator=g)
-    wt = torch.randn(k, c // groups, *ks, generator=g)
-    b = torch.randn(k, generator=g) if bias else None
-    return x, wt, b, dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+def _narrow(case):
+    return _from(NARROW, case, 4)
 
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
@@ -406,19 +395,15 @@ def test_narrow_kernels_against_float64(isa_name, case):
             expected = "cpu_blocked" if 4 * outputs >= block else "cpu_narrow"
             assert report.split()[0] == expected, (pass_, report)
         y, gx, gw, gy = _all_passes(x, w, b, kw)
-    y64, gx64, gw64, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
-                                   kw["stride"], kw["padding"], kw["dilation"], groups,
-                                   grad_out=gy)
-    k_per_group = w.shape[0] // groups
-    assert rel_err(y, y64) <= tolerance(torch.float32, "ieee", w[0].numel())
-    assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee",
-                                          k_per_group * w.shape[2] * w.shape[3])
-    pixels = y.shape[0] * y.shape[2] * y.shape[3]
-    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
+    _assert_passes_against_float64(x, w, b, kw, y, gx, gw, gy)
 
 
-def test_narrow_same_bits_for_one_and_all_threads():
-    x, w, b, kw = _narrow("grouped_4")
+@pytest.mark.parametrize("operands", [lambda: _few("3x3_plane_3x3"),
+                                      lambda: _few("strided_dilated_grouped"),
+                                      lambda: _narrow("grouped_4")],
+                         ids=["few_pixels_3x3_plane", "few_pixels_strided", "narrow_grouped_4"])
+def test_few_pixels_and_narrow_same_bits_for_one_and_all_threads(operands):
+    x, w, b, kw = operands()
     gy = torch.randn(conv2d_ext.conv2d(x, w, b, **kw).shape)
     before = torch.get_num_threads()
     results = []
