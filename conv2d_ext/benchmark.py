@@ -1,10 +1,10 @@
 """Benchmark conv2d_ext against PyTorch at its best (cuDNN, benchmark=True).
 
     python -m conv2d_ext.benchmark [--suite seeds,layers,resnet50 | --shapes a,b]
-                                   [--passes forward,...] [--precision tf32,ieee]
+                                   [--passes forward,...] [--precision tf32,ieee,bf16,fp16]
                                    [--layout nchw,channels_last] [--quick]
                                    [--timing gpu|call] [--json PATH]
-    python -m conv2d_ext.benchmark --models [--model resnet50,...] [--json PATH]
+    python -m conv2d_ext.benchmark --models [--model resnet50,...] [--precision ...] [--json PATH]
     python -m conv2d_ext.benchmark --report RESULTS.json [--models-json MODELS.json]
 
 Layers: times forward, backward_input (dgrad), backward_weight (wgrad) and
@@ -25,6 +25,11 @@ backward) of whole torchvision networks, the original against the same
 network after conv2d_ext.convert(), in both layouts and precisions: ms per
 step (steps back to back, the host's work included where the GPU waits for
 it) and peak memory.
+
+Precisions: tf32 and ieee are float32 in PyTorch's two convolution modes
+(the default pair); bf16 and fp16 run the layers on 16-bit operands (the
+reference in float64 on the same 16-bit values) and the models under
+torch.autocast in that dtype.
 
 Memory-bound shapes (depthwise and few-input-channel layers) are judged by
 bandwidth rather than FLOP/s: their records also give the achieved GB/s of
@@ -144,7 +149,12 @@ GROUP_OF = {name: group for group, shapes in GROUPS.items() for name in shapes}
 # records also report GB/s against a plain copy.
 MEMORY_BOUND = {"dw_3x3", "dw_5x5", "stem_7x7", "rgb_3x5", "depthwise_3x3", "r50_3_64_224_k7s2"}
 PASSES = ["forward", "backward_input", "backward_weight", "step"]
-PRECISIONS = ["tf32", "ieee"]
+PRECISIONS = ["tf32", "ieee"]  # the default
+HALF_PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _dtype(precision):
+    return HALF_PRECISIONS.get(precision, torch.float32)
 LAYOUTS = ["nchw", "channels_last"]
 # torchvision models and the batch each one trains with in --models.
 MODELS = {"resnet18": 64, "resnet50": 32, "mobilenet_v3_large": 64, "convnext_tiny": 32}
@@ -291,9 +301,9 @@ def time_ms(fn, input_sets, device, warmup, repeats, budget_s, timing="gpu"):
     return statistics.median(times)
 
 
-def min_bytes(shape, pass_):
-    """The fewest bytes a pass must move in float32: each input read once,
-    the output written once. forward: x + w + y; backward_input:
+def min_bytes(shape, pass_, elem_bytes=4):
+    """The fewest bytes a pass must move (elements of elem_bytes): each
+    input read once, the output written once. forward: x + w + y; backward_input:
     grad_output + w + grad_input; backward_weight: grad_output + x +
     grad_weight; a step runs all three passes, so it is their sum."""
     x = shape.n * shape.cin * shape.h * shape.w
@@ -301,7 +311,7 @@ def min_bytes(shape, pass_):
     y = shape.n * shape.cout * math.prod(shape.out_hw())
     elements = {"forward": x + w + y, "backward_input": y + w + x, "backward_weight": y + x + w}
     elements["step"] = sum(elements.values())
-    return 4 * elements[pass_]
+    return elem_bytes * elements[pass_]
 
 
 def copy_gbps(device, warmup, repeats, budget_s, timing="gpu"):
@@ -329,9 +339,10 @@ def rel_err(out, ref):
 
 def _cudnn(precision):
     """cuDNN as the comparison runs it: enabled, autotuned, and in the given
-    precision mode (which conv2d_ext follows too)."""
+    precision mode (which conv2d_ext follows too; 16-bit runs keep the
+    default, TF32)."""
     return torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
-                                      allow_tf32=precision == "tf32")
+                                      allow_tf32=precision != "ieee")
 
 
 def _reference(pass_, shape, x, w, gy):
@@ -354,7 +365,8 @@ def run(shapes, passes, precisions, device, quick=False, progress=print, timing=
     copy_rate = None  # copy GB/s: measured once, and only if a memory-bound shape runs
     for name in shapes:
         shape = SUITE[name] if device.type == "cuda" else SUITE[name].reduced()
-        set_bytes = sum(t.numel() * 4 for t in _make_inputs(shape, "meta"))
+        elem_bytes = min(torch.finfo(_dtype(p)).bits // 8 for p in precisions)
+        set_bytes = sum(t.numel() * elem_bytes for t in _make_inputs(shape, "meta"))
         n_sets = max(1, min(4, math.ceil(2 * l2 / set_bytes)))
         gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
         nchw_sets = [_make_inputs(shape, device, generator=gen) for _ in range(n_sets)]
@@ -363,11 +375,18 @@ def run(shapes, passes, precisions, device, quick=False, progress=print, timing=
             progress(f"copy: {copy_rate:.1f} GB/s")
         for pass_ in passes:
             ext, ref_fn = _ext_fn(pass_, shape, device), _torch_fn(pass_, shape, device)
-            reference = _reference(pass_, shape, *nchw_sets[0])
+            # float64 on the values each precision's operands hold.
+            references = {}
+            for dtype in {_dtype(p) for p in precisions}:
+                references[dtype] = _reference(pass_, shape, *(t.to(dtype) for t in nchw_sets[0]))
             for layout in layouts:
-                sets = [_in_layout(s, layout) for s in nchw_sets] if layout != "nchw" else nchw_sets
-                x, w, gy = sets[0]
+                sets32 = [_in_layout(s, layout) for s in nchw_sets] if layout != "nchw" else nchw_sets
                 for precision in precisions:
+                    dtype = _dtype(precision)
+                    sets = sets32 if dtype == torch.float32 else \
+                        [tuple(t.to(dtype) for t in s) for s in sets32]
+                    x, w, gy = sets[0]
+                    reference = references[dtype]
                     with _cudnn(precision):
                         ext_err = rel_err(ext(x, w, gy), reference)
                         torch_err = rel_err(ref_fn(x, w, gy), reference)
@@ -392,7 +411,7 @@ def run(shapes, passes, precisions, device, quick=False, progress=print, timing=
                         "config": asdict(shape),
                     }
                     if name in MEMORY_BOUND:
-                        nbytes = min_bytes(shape, pass_)
+                        nbytes = min_bytes(shape, pass_, torch.finfo(dtype).bits // 8)
                         rec["min_bytes"] = nbytes
                         rec["ext_gbps"] = nbytes / ext_ms / 1e6
                         rec["torch_gbps"] = nbytes / torch_ms / 1e6
@@ -403,8 +422,9 @@ def run(shapes, passes, precisions, device, quick=False, progress=print, timing=
                     progress(f"[{done}/{total}] {name} {pass_} {precision} {layout} ({algo}): "
                              f"ext {ext_ms:.3f} ms, torch {torch_ms:.3f} ms, speedup {rec['speedup']:.2f}x, "
                              f"err {ext_err:.2e} vs {torch_err:.2e}")
-                del sets
-            del reference
+                    del sets
+                del sets32
+            del references
         del nchw_sets
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -558,10 +578,13 @@ def _torchvision_models():
     return {name: (lambda name=name: getattr(torchvision.models, name)(weights=None)) for name in MODELS}
 
 
-def _model_step(model, x, target):
+def _model_step(model, x, target, autocast=None):
+    """A training step; with `autocast` (a 16-bit dtype), its forward under
+    torch.autocast in that dtype."""
     def step():
         model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), target)
+        with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            loss = F.cross_entropy(model(x), target)
         loss.backward()
         return loss
     return step
@@ -627,7 +650,8 @@ def run_models(builders, precisions, device, quick=False, progress=print, layout
             xl = x.contiguous(memory_format=fmt)
             for precision in precisions:
                 with _cudnn(precision):
-                    ext_step, torch_step = _model_step(converted, xl, target), _model_step(original, xl, target)
+                    autocast = HALF_PRECISIONS.get(precision)
+                    ext_step, torch_step = (_model_step(m, xl, target, autocast) for m in (converted, original))
                     ext_loss, torch_loss = ext_step().item(), torch_step().item()
                     ext_ms = _time_steps(ext_step, device, warmup, rounds, steps)
                     torch_ms = _time_steps(torch_step, device, warmup, rounds, steps)
@@ -783,7 +807,8 @@ def main(argv=None):
                         help="forward, backward_input (dgrad), backward_weight (wgrad) and step (forward "
                              "and both gradients of a Conv2d module); comma-separated, default all")
     parser.add_argument("--precision", default=",".join(PRECISIONS),
-                        help="float32 mode: tf32, ieee or both (default); ignored on a CPU")
+                        help="tf32 and ieee (float32's two modes, the default), bf16, fp16; "
+                             "a CPU runs ieee (and bf16 if asked)")
     parser.add_argument("--layout", default=",".join(LAYOUTS),
                         help="memory format of the operands: nchw, channels_last or both (default)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -815,12 +840,12 @@ def main(argv=None):
         print(headline(results, models) if args.headline else report(results, models))
         return 0
     passes = _csv(args.passes, PASSES, "pass")
-    precisions = _csv(args.precision, PRECISIONS, "precision")
+    precisions = _csv(args.precision, PRECISIONS + list(HALF_PRECISIONS), "precision")
     layouts = _csv(args.layout, LAYOUTS, "layout")
     shapes = select_shapes(args.suite, args.shapes)
     device = torch.device(args.device)
     if device.type == "cpu":
-        precisions = ["ieee"]  # TF32 is a GPU mode
+        precisions = ["ieee"] + [p for p in precisions if p == "bf16"]  # TF32 is a GPU mode
         print("no GPU: timing the CPU path on reduced sizes", file=sys.stderr)
     env = environment(device)
     print(_header(env), file=sys.stderr)

@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 18> kEntries{{
+constexpr std::array<Entry, 19> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -33,8 +33,9 @@ constexpr std::array<Entry, 18> kEntries{{
     {"cpu_avx512", true},
     {"cpu_avx2", true},
     {"nhwc_tf32_truncate", false},
+    {"nhwc_16bit", true},
 }};
-static_assert(static_cast<int>(Option::kNhwcTf32Truncate) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwc16Bit) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

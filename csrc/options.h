@@ -63,6 +63,10 @@ enum class Option : int {
   // which truncate, instead of rounding them to nearest in shared memory
   // first (off: TF32 mode rounds everywhere; on to measure its cost).
   kNhwcTf32Truncate,
+  // On Hopper, float16 and bfloat16 operands of the engine's forward and
+  // dgrad run its wgmma forward as they are (16-bit MMAs); off runs them on
+  // float32 copies, as every other kernel does.
+  kNhwc16Bit,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

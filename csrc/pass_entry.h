@@ -3,13 +3,15 @@
 // format (result_memory_format), handle empty problems, hand contiguous
 // NCHW operands to the backend's launcher.
 //
-// float16 and bfloat16 operands run the float32 kernels on float32 copies
-// (in their memory formats), the result rounded once to the 16-bit type.
-// That is what a 16-bit convolution computes: products of 16-bit values
-// are exact in float32, and in TF32 too (11 significant bits, as float16
-// has; bfloat16 has 8), and the sums accumulate in float32. It is correct
-// in every kernel family at once; native 16-bit kernels, reading half the
-// bytes at twice the tensor-core rate, are to replace the copies.
+// float16 and bfloat16 operands run natively where the backend's nhwc(p,
+// dtype) says so for their dtype (the channels_last engine's wgmma forward
+// and dgrad on Hopper); elsewhere they run the float32 kernels on float32
+// copies (in their memory formats), the result rounded once to the 16-bit
+// type. That is what a 16-bit convolution computes: products of 16-bit
+// values are exact in float32, and in TF32 too (11 significant bits, as
+// float16 has; bfloat16 has 8), and the sums accumulate in float32. It is
+// correct in every kernel family at once; native 16-bit kernels, reading
+// half the bytes at twice the tensor-core rate, are to replace the copies.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -43,8 +45,9 @@ at::Tensor nchw_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
 }
 
 // launch(params, x, w, bias_or_undefined, y, nhwc). Where the result is
-// channels_last and nhwc(params) says a channels_last kernel takes the
-// call, x, w and y are channels_last (nhwc true); otherwise contiguous NCHW.
+// channels_last and nhwc(params, dtype) says a channels_last kernel takes
+// the call with operands of that dtype, x, w and y are channels_last (nhwc
+// true); otherwise contiguous NCHW, float32 for 16-bit operands.
 template <typename Nhwc, typename Launch>
 at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias, c10::IntArrayRef stride,
@@ -53,19 +56,20 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
   const ConvParams p = make_fprop_params(input, weight, bias, stride, padding,
                                          dilation, groups);
   const bool has_bias = bias.has_value() && bias->defined();
-  if (is_16bit(input.scalar_type())) {
+  const c10::DeviceGuard guard(input.device());
+  const at::MemoryFormat format = result_memory_format(input, weight);
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  const bool cl = format == kCl && nhwc(p, input.scalar_type());
+  if (is_16bit(input.scalar_type()) && !cl) {
     const c10::optional<at::Tensor> bias32 =
         has_bias ? c10::optional<at::Tensor>(bias->to(at::kFloat)) : c10::nullopt;
     return fprop_entry(input.to(at::kFloat), weight.to(at::kFloat), bias32, stride, padding,
                        dilation, groups, nhwc, launch)
         .to(input.scalar_type());
   }
-  const c10::DeviceGuard guard(input.device());
   const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
-  const at::MemoryFormat format = result_memory_format(input, weight);
-  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   const std::vector<int64_t> sizes{p.batch, p.out_channels, p.out_h, p.out_w};
-  if (format == kCl && nhwc(p)) {
+  if (cl) {
     at::Tensor y = empty_output(sizes, input.options(), kCl);
     if (y.numel() > 0) launch(p, input.contiguous(kCl), weight.contiguous(kCl), b, y, true);
     return y;
@@ -84,7 +88,7 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
                        Launch&& launch) {
   return fprop_entry(
       input, weight, bias, stride, padding, dilation, groups,
-      [](const ConvParams&) { return false; },
+      [](const ConvParams&, at::ScalarType) { return false; },
       [&](const ConvParams& p, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
           at::Tensor& y, bool) { launch(p, x, w, b, y); });
 }
@@ -98,15 +102,16 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
                        Nhwc&& nhwc, Launch&& launch) {
   const ConvParams p = make_dgrad_params(grad_output, weight, input_size,
                                          stride, padding, dilation, groups);
-  if (is_16bit(grad_output.scalar_type())) {
+  const c10::DeviceGuard guard(grad_output.device());
+  const at::MemoryFormat format = result_memory_format(grad_output, weight);
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  const bool cl = format == kCl && nhwc(p, grad_output.scalar_type());
+  if (is_16bit(grad_output.scalar_type()) && !cl) {
     return dgrad_entry(grad_output.to(at::kFloat), weight.to(at::kFloat), input_size, stride,
                        padding, dilation, groups, nhwc, launch)
         .to(grad_output.scalar_type());
   }
-  const c10::DeviceGuard guard(grad_output.device());
-  const at::MemoryFormat format = result_memory_format(grad_output, weight);
-  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  if (format == kCl && nhwc(p)) {
+  if (cl) {
     at::Tensor grad_in = empty_output(input_size, grad_output.options(), kCl);
     if (grad_in.numel() > 0) launch(p, grad_output.contiguous(kCl), weight, grad_in, true);
     return grad_in;
@@ -124,7 +129,7 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
                        Launch&& launch) {
   return dgrad_entry(
       grad_output, weight, input_size, stride, padding, dilation, groups,
-      [](const ConvParams&) { return false; },
+      [](const ConvParams&, at::ScalarType) { return false; },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& w, at::Tensor& gi,
           bool) { launch(p, go, w, gi); });
 }
@@ -138,16 +143,17 @@ at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
                        Nhwc&& nhwc, Launch&& launch) {
   const ConvParams p = make_wgrad_params(grad_output, input, weight_size,
                                          stride, padding, dilation, groups);
-  if (is_16bit(grad_output.scalar_type())) {
-    return wgrad_entry(grad_output.to(at::kFloat), input.to(at::kFloat), weight_size, stride,
-                       padding, dilation, groups, nhwc, launch)
-        .to(grad_output.scalar_type());
-  }
   const c10::DeviceGuard guard(grad_output.device());
   // The weight's own format is the autograd node's to match (autograd.cpp).
   const at::MemoryFormat format = result_memory_format(grad_output, input);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  if (format == kCl && p.gemm_m() > 0 && nhwc(p)) {
+  const bool cl = format == kCl && p.gemm_m() > 0 && nhwc(p, grad_output.scalar_type());
+  if (is_16bit(grad_output.scalar_type()) && !cl) {
+    return wgrad_entry(grad_output.to(at::kFloat), input.to(at::kFloat), weight_size, stride,
+                       padding, dilation, groups, nhwc, launch)
+        .to(grad_output.scalar_type());
+  }
+  if (cl) {
     at::Tensor grad_w = empty_output(weight_size, grad_output.options(), kCl);
     if (grad_w.numel() > 0) {
       launch(p, grad_output.contiguous(kCl), input.contiguous(kCl), grad_w, true);
@@ -171,7 +177,7 @@ at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
                        Launch&& launch) {
   return wgrad_entry(
       grad_output, input, weight_size, stride, padding, dilation, groups,
-      [](const ConvParams&) { return false; },
+      [](const ConvParams&, at::ScalarType) { return false; },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::Tensor& gw,
           bool) { launch(p, go, x, gw); });
 }

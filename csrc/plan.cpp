@@ -152,6 +152,20 @@ bool nhwc_wgrad(const ConvParams& p, int sm) {
            std::min(p.in_channels, p.out_channels) <= kNhwcFlatMaxChannels &&
            igemm_wgrad_sm90::fits(p, false));
 }
+// 16-bit operands natively: the forward and dgrad (the forward over
+// grad_output, or its stride phases) on the wgmma forward, in either
+// precision flag's mode (16-bit products are exact in float32).
+bool nhwc_engine_16bit(const ConvParams& p, Pass pass, int sm) {
+  if (!option(Option::kNhwcKernels) || !option(Option::kNhwc16Bit) || !nhwc_wgmma(sm)) {
+    return false;
+  }
+  if (pass == Pass::kFprop) return igemm_nhwc::fits(p, 2);
+  if (pass == Pass::kDgrad) {
+    return dgrad_is_fprop(p) ? igemm_nhwc::fits(dgrad_as_fprop(p), 2)
+                             : igemm_nhwc::dgrad_phases_fit(p, 2);
+  }
+  return false;
+}
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80 || math != MathMode::kTF32) return false;
   if (pass == Pass::kFprop) return nhwc_fprop(p, sm);
@@ -165,8 +179,14 @@ bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
 
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
                  bool channels_last) {
-  // 16-bit operands run the float32 kernels on float32 copies (pass_entry.h).
-  if (is_16bit(dtype)) dtype = at::kFloat;
+  // 16-bit operands run the float32 kernels on float32 copies (pass_entry.h),
+  // but where the engine reads them natively.
+  if (is_16bit(dtype)) {
+    if (sm != 0 && channels_last && nhwc_engine_16bit(p, pass, sm)) {
+      return {Algo::kImplicitGemmNhwc, math_mode(dtype), /*native_16bit=*/true};
+    }
+    dtype = at::kFloat;
+  }
   Plan plan;
   plan.math = math_mode(dtype);
   plan.algo = Algo::kDirect;
@@ -353,7 +373,13 @@ void implicit_gemm_variant(std::ostringstream& out, const ConvParams& p, Pass pa
 }
 }  // namespace
 
+bool nhwc_engine_takes(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
+  const Plan plan = choose_plan(p, pass, dtype, sm, /*channels_last=*/true);
+  return plan.algo == Algo::kImplicitGemmNhwc && (plan.native_16bit || !is_16bit(dtype));
+}
+
 bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
+  if (is_16bit(dtype)) return false;  // float32 copies, in whichever format
   const Algo algo = choose_plan(p, pass, dtype, /*sm=*/0).algo;
   switch (pass) {
     case Pass::kFprop:
@@ -380,7 +406,10 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
   const Plan plan = choose_plan(p, which, input.scalar_type(), s, channels_last);
   std::ostringstream out;
   out << to_string(plan.algo);
-  if (is_16bit(input.scalar_type())) out << " operands=float32";
+  // What the kernels read: 16-bit operands natively or as float32 copies.
+  const at::ScalarType dtype =
+      is_16bit(input.scalar_type()) && !plan.native_16bit ? at::kFloat : input.scalar_type();
+  if (dtype != input.scalar_type()) out << " operands=float32";
   switch (plan.algo) {
     case Algo::kFewChannels:
     case Algo::kFewChannelsTensorCore:
@@ -397,7 +426,10 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
     case Algo::kImplicitGemmNhwc:
       // Forward tiles of 128 rows run on wgmma where this is 1 (the tile
       // itself depends on the GPU's multiprocessor count).
-      out << " math=tf32";
+      out << " math="
+          << (!plan.native_16bit                        ? "tf32"
+              : input.scalar_type() == at::kBFloat16 ? "bf16"
+                                                      : "fp16");
       if (which != Pass::kWgrad) out << " wgmma=" << nhwc_wgmma(s);
       if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();
       break;
@@ -410,7 +442,7 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       // at unit stride only.)
       if (plan.algo != Algo::kCpuFewPixels && which == Pass::kDgrad && !dgrad_is_fprop(p))
         out << " phases=" << dgrad_phases(p).size();
-      if (channels_last && cpu_nhwc(p, which, input.scalar_type())) out << " layout=nhwc";
+      if (channels_last && cpu_nhwc(p, which, dtype)) out << " layout=nhwc";
       break;
     case Algo::kDirect:
       break;

@@ -54,6 +54,9 @@ enum class Algo {
 struct Plan {
   Algo algo;
   MathMode math;
+  // float16 / bfloat16 operands read as they are (16-bit MMAs, float32
+  // sums); otherwise they run the float32 kernels on float32 copies.
+  bool native_16bit = false;
 };
 
 // PyTorch's convolution precision flag (torch.backends.cudnn.allow_tf32 or
@@ -94,6 +97,11 @@ bool nhwc_split_k(int sm);
 // Whether it may take 128 x 256 tiles: nhwc_wgmma(sm) and
 // Option::kNhwcWideTiles.
 bool nhwc_wide_tiles(int sm);
+
+// Whether a channels_last call of `pass` with operands of `dtype` runs on
+// the channels_last engine with those operands as they are (float32, or
+// 16-bit ones natively) rather than on NCHW kernels or float32 copies.
+bool nhwc_engine_takes(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 // `channels_last`: the result is channels_last (result_memory_format), so

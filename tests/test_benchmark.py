@@ -75,6 +75,40 @@ def test_channels_last_operands_reach_both_sides(monkeypatch):
     assert seen == {"ext": {True}, "torch": {True}}
 
 
+def test_bf16_records_run_both_sides_in_bf16(monkeypatch):
+    """A bf16 record hands bfloat16 operands to both sides, checks them
+    against float64 on those values, and counts 2-byte elements."""
+    seen = set()
+    make = benchmark._ext_fn
+
+    def spy(pass_, shape, device="cpu"):
+        fn = make(pass_, shape, device)
+
+        def call(x, w, gy):
+            seen.add(x.dtype)
+            return fn(x, w, gy)
+        return call
+
+    monkeypatch.setattr(benchmark, "_ext_fn", spy)
+    (rec,) = benchmark.run(["dw_5x5"], ["forward"], ["bf16"], torch.device("cpu"), quick=True,
+                           progress=lambda s: None, layouts=["nchw"])
+    assert seen == {torch.bfloat16}
+    assert rec["precision"] == "bf16"
+    # bfloat16 results: an error of bfloat16's rounding, not float32's.
+    assert 1e-4 < rec["ext_rel_err"] < 1e-2 and 1e-4 < rec["torch_rel_err"] < 1e-2
+    shape = benchmark.SUITE["dw_5x5"].reduced()
+    assert rec["min_bytes"] == benchmark.min_bytes(shape, "forward", 2)
+    assert benchmark.min_bytes(shape, "forward", 2) * 2 == benchmark.min_bytes(shape, "forward")
+
+
+def test_models_under_autocast_bf16():
+    (rec,) = benchmark.run_models({"tiny": TinyNet}, ["bf16"], torch.device("cpu"), quick=True,
+                                  progress=lambda s: None, layouts=["nchw"], size=16, classes=10)
+    assert rec["precision"] == "bf16"
+    # Both under autocast: bfloat16 convolutions, losses within its rounding.
+    assert rec["loss_rel_diff"] < 2e-2
+
+
 def _fake(shape, pass_, layout, ext_ms, torch_ms, precision="tf32"):
     return {"shape": shape, "group": benchmark.GROUP_OF[shape], "pass": pass_, "precision": precision,
             "layout": layout, "ext_ms": ext_ms, "torch_ms": torch_ms, "speedup": torch_ms / ext_ms,

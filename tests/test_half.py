@@ -1,15 +1,17 @@
 """float16 and bfloat16: all three passes against float64 on the same
 16-bit values, results in the input's dtype and PyTorch's memory formats,
-no less accurate than PyTorch's own convolution in that dtype; mixed dtypes
-refused with PyTorch's message; float16 overflow; autocast (CPU and CUDA)
-against aten's autocast on the same model, eager and compiled; GradScaler."""
+no less accurate than PyTorch's own convolution in that dtype; the
+channels_last engine reading 16-bit operands natively (Hopper), and on
+float32 copies with its switch off; mixed dtypes refused with PyTorch's
+message; float16 overflow; autocast (CPU and CUDA) against aten's autocast
+on the same model, eager and compiled; GradScaler."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import conv2d_ext
-from utils import (DEVICES, cuda_only, reduction_lengths, reference, rel_err, tf32_mode,
-                   tolerance)
+from utils import (DEVICES, cuda_kernel_names, cuda_only, is_hopper_build, option,
+                   reduction_lengths, reference, rel_err, tf32_mode, tolerance)
 
 CL = torch.channels_last
 DTYPES = [torch.bfloat16, torch.float16]
@@ -26,9 +28,21 @@ CASES = {
     "1x1": (3, 40, 9, 7, 32, (1, 1), 1, 0, 1, 1),
 }
 
+# channels_last layers whose forward and dgrad the engine reads natively
+# in 16 bits on Hopper: 128-row tiles partial across images, N tiles and
+# 64-channel K tiles (C short of one, and two tiles and a tail); K split
+# over slices (few tiles, long K), with its dgrad's 64 x 64 problem on
+# 128-row tiles; strided, dilated dgrad by phases.
+NATIVE = {
+    "partial_tiles": (3, 24, 11, 13, 40, (3, 3), 1, 1, 1, 1),
+    "deep_1x1": (2, 136, 7, 7, 72, (1, 1), 1, 0, 1, 1),
+    "split_k": (1, 512, 7, 7, 64, (3, 3), 1, 1, 1, 1),
+    "strided_dilated": (2, 32, 19, 17, 48, (3, 3), 2, 2, 2, 1),
+}
+
 
 def _operands(case, dtype, device, layout, seed=0):
-    n, c, h, w, k, ks, stride, padding, dilation, groups = CASES[case]
+    n, c, h, w, k, ks, stride, padding, dilation, groups = {**CASES, **NATIVE}[case]
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(n, c, h, w, device=device, generator=g).to(dtype)
     wt = (torch.randn(k, c // groups, *ks, device=device, generator=g)
@@ -68,6 +82,13 @@ def test_passes_against_float64(device, dtype, layout, case, tf32):
         theirs = None
         if _torch_conv_in(dtype, device):
             theirs, _ = _passes(F.conv2d, x, w, b, kw, gy)
+    _assert_against_float64(x, w, b, kw, gy, ours, theirs)
+
+
+def _assert_against_float64(x, w, b, kw, gy, ours, theirs):
+    """ours (and PyTorch's results, theirs, unless None): output and the
+    three gradients in x's dtype, against float64 on the same values."""
+    dtype = x.dtype
     refs = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
                      grad_out=gy)
     mags = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"],
@@ -84,6 +105,45 @@ def test_passes_against_float64(device, dtype, layout, case, tf32):
             torch_err = rel_err(theirs[i], refs[i], mags[i], lengths[i])
             # Both round a float32 sum once; a margin for the last bit.
             assert err <= 1.1 * torch_err + 2.0**-20, (name, err, torch_err)
+
+
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", sorted(NATIVE))
+@pytest.mark.parametrize("native", [True, False], ids=["native", "switch_off"])
+def test_engine_reads_16_bit_operands_natively(dtype, case, native):
+    """channels_last 16-bit operands on the engine (Hopper): the forward and
+    dgrad read them as they are (the plan's report, the 16-bit kernel
+    launched), in either precision flag's mode; with the switch
+    nhwc_16bit off, float32 copies. Both bitwise repeatable, against
+    float64 and no less accurate than PyTorch's convolution."""
+    x, w, b, kw = _operands(case, dtype, "cuda", "channels_last")
+    args = (x, w, _pair(kw["stride"]), _pair(kw["padding"]), _pair(kw["dilation"]), 1)
+    major, minor = torch.cuda.get_device_capability()
+    expect_native = native and is_hopper_build()
+    ctype = "__nv_bfloat16" if dtype == torch.bfloat16 else "__half"
+    for tf32 in (True, False):
+        with tf32_mode(tf32), option("nhwc_16bit", native):
+            for which in ("forward", "backward_input", "backward_weight"):
+                report = torch.ops.conv2d_ext._kernel(which, *args, 10 * major + minor)
+                runs_native = expect_native and which != "backward_weight"
+                assert ("operands=float32" not in report) == runs_native, (which, report)
+                if runs_native:
+                    assert report.startswith("implicit_gemm_nhwc"), report
+                    assert f"math={'bf16' if dtype == torch.bfloat16 else 'fp16'}" in report
+            names = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w, b, **kw))
+            assert any("wgmma_kernel<" in n and ctype in n for n in names) == expect_native, \
+                names
+            ours, gy = _passes(conv2d_ext.conv2d, x, w, b, kw)
+            again, _ = _passes(conv2d_ext.conv2d, x, w, b, kw, gy)
+            theirs, _ = _passes(F.conv2d, x, w, b, kw, gy)
+        for name, a, b2 in zip(["output", "grad_input", "grad_weight", "grad_bias"], ours, again):
+            assert torch.equal(a, b2), f"{name} not bitwise repeatable"
+        _assert_against_float64(x, w, b, kw, gy, ours, theirs)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -105,12 +165,16 @@ def test_mixed_dtypes_are_refused(device, dtypes):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_float16_overflow_gives_inf_where_the_exact_sum_overflows(device):
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_float16_overflow_gives_inf_where_the_exact_sum_overflows(device, layout):
     """Sums that leave float16's range become inf, as the rounding of the
-    exact result does; the rest stay finite and right."""
+    exact result does; the rest stay finite and right (channels_last: the
+    engine's native forward on Hopper)."""
     x = torch.zeros(1, 8, 6, 6, device=device, dtype=torch.float16)
     x[..., :3, :] = 30000.0  # top rows: 8 channels x up to 9 taps x 30000 > 65504
-    w = torch.ones(2, 8, 3, 3, device=device, dtype=torch.float16)
+    w = torch.ones(8, 8, 3, 3, device=device, dtype=torch.float16)
+    if layout == "channels_last":
+        x, w = x.to(memory_format=CL), w.to(memory_format=CL)
     y = conv2d_ext.conv2d(x, w, padding=1)
     exact = F.conv2d(x.double().cpu(), w.double().cpu(), padding=1).to(torch.float16)
     assert torch.isinf(exact).any() and torch.isfinite(exact).any()

@@ -89,7 +89,8 @@ def test_forward_and_dgrad_against_float64(case, wgmma):
         assert f"wgmma={int(wgmma and is_hopper_build())}" in report, report
         if case in WGMMA_FORWARD and is_hopper_build():
             names = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w, b, **kw))
-            launched = any(f"fprop_nhwc_wgmma_kernel<{WGMMA_FORWARD[case]}>" in n for n in names)
+            kernel = f"fprop_nhwc_wgmma_kernel<{WGMMA_FORWARD[case]}, float, float>"
+            launched = any(kernel in n for n in names)
             assert launched == wgmma, names
         # dgrad runs as a forward over grad_output (one per phase at larger
         # strides): K (its input channels) in 16-byte rows, C (its outputs)
@@ -309,7 +310,7 @@ def test_wide_tiles_against_float64(case):
         kernels = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w, b, **kw))
     assert torch.equal(y, y2), "not bitwise reproducible"
     if is_hopper_build():
-        assert any("fprop_nhwc_wgmma_kernel<256>" in k for k in kernels), kernels
+        assert any("fprop_nhwc_wgmma_kernel<256, float, float>" in k for k in kernels), kernels
     y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1)
     assert rel_err(y, y64) <= tolerance(torch.float32, "tf32", w[0].numel())
 
@@ -372,7 +373,7 @@ def test_wgmma_forward_rounds_tf32_operands_unless_told(truncate):
         names = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w))
         y = conv2d_ext.conv2d(xr, w)
         (gx,) = torch.autograd.grad(y, [xr], gy)
-    assert any("fprop_nhwc_wgmma_kernel<64>" in n for n in names), names
+    assert any("fprop_nhwc_wgmma_kernel<64, float, float>" in n for n in names), names
     outs = (y, gx)
     rounded = bias(outs, reference(tf32_round(x), tf32_round(w), None, 1, 0, 1, 1,
                                    grad_out=tf32_round(gy))[:2])

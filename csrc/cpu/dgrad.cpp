@@ -121,8 +121,8 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                      int64_t groups) {
   // A channels_last grad_input of the blocked kernel (one group) is
   // computed on the channels_last operands, in place of NCHW copies.
-  const auto nhwc = [&](const ConvParams& p) {
-    return cpu_nhwc(p, Pass::kDgrad, grad_output.scalar_type());
+  const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
+    return cpu_nhwc(p, Pass::kDgrad, dtype);
   };
   return dgrad_entry(
       grad_output, weight, input_size, stride, padding, dilation, groups, nhwc,

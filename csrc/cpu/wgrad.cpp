@@ -72,8 +72,8 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
                                       int64_t groups) {
   // A channels_last grad_weight of the blocked kernel (one group) is
   // computed on the channels_last operands, in place of NCHW copies.
-  const auto nhwc = [&](const ConvParams& p) {
-    return cpu_nhwc(p, Pass::kWgrad, grad_output.scalar_type());
+  const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
+    return cpu_nhwc(p, Pass::kWgrad, dtype);
   };
   return wgrad_entry(
       grad_output, input, weight_size, stride, padding, dilation, groups, nhwc,

@@ -71,16 +71,15 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
   // channels_last engine runs, and the launch takes that answer.
   return dgrad_entry(
       grad_output, weight, input_size, stride, padding, dilation, groups,
-      [&](const ConvParams& p) {
-        return choose_plan(p, Pass::kDgrad, grad_output.scalar_type(), current_sm(),
-                           /*channels_last=*/true)
-                   .algo == Algo::kImplicitGemmNhwc;
+      [](const ConvParams& p, at::ScalarType dtype) {
+        return nhwc_engine_takes(p, Pass::kDgrad, dtype, current_sm());
       },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
           at::Tensor& grad_in, bool nhwc) {
         if (nhwc) {  // go, grad_in channels_last
           if (dgrad_is_fprop(p)) {
-            launch_fprop_nhwc(dgrad_as_fprop(p), go, nhwc_dgrad_weight(w), nullptr, grad_in);
+            launch_fprop_nhwc(dgrad_as_fprop(p), go, nhwc_dgrad_weight(w), at::Tensor(),
+                              grad_in);
           } else {
             launch_dgrad_nhwc_phases(p, go, w, grad_in);
           }

@@ -30,10 +30,8 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
   // engine runs; the launch then takes that answer rather than asking again.
   return fprop_entry(
       input, weight, bias, stride, padding, dilation, groups,
-      [&](const ConvParams& p) {
-        return choose_plan(p, Pass::kFprop, input.scalar_type(), current_sm(),
-                           /*channels_last=*/true)
-                   .algo == Algo::kImplicitGemmNhwc;
+      [](const ConvParams& p, at::ScalarType dtype) {
+        return nhwc_engine_takes(p, Pass::kFprop, dtype, current_sm());
       },
       launch_fprop);
 }
@@ -43,8 +41,7 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
 void launch_fprop(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
                   const at::Tensor& b, at::Tensor& y, bool nhwc) {
   if (nhwc) {  // x, w, y channels_last: the engine, as the caller's plan said
-    launch_fprop_nhwc(p, x, w.permute({0, 2, 3, 1}).contiguous(),
-                      b.defined() ? b.data_ptr<float>() : nullptr, y);
+    launch_fprop_nhwc(p, x, w.permute({0, 2, 3, 1}).contiguous(), b, y);
     return;
   }
   const Plan plan = choose_plan(p, Pass::kFprop, x.scalar_type(), current_sm());

@@ -26,10 +26,8 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
   // channels_last engine runs, and the launch takes that answer.
   return wgrad_entry(
       grad_output, input, weight_size, stride, padding, dilation, groups,
-      [&](const ConvParams& p) {
-        return choose_plan(p, Pass::kWgrad, grad_output.scalar_type(), current_sm(),
-                           /*channels_last=*/true)
-                   .algo == Algo::kImplicitGemmNhwc;
+      [](const ConvParams& p, at::ScalarType dtype) {
+        return nhwc_engine_takes(p, Pass::kWgrad, dtype, current_sm());
       },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
           at::Tensor& grad_w, bool nhwc) {

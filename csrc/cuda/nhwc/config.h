@@ -2,6 +2,8 @@
 // over the whole batch, M = N*P*Q output pixels, N = K output channels,
 // K = R*S*C (tap-major, channels innermost, as NHWC activations and KRSC
 // weights hold them), so both operands are K-major and tiles span images.
+// A K tile row is 128 bytes of one tap's channels: 32 float32 channels, or
+// 64 float16/bfloat16 ones (`elem_bytes` below: 4 or 2).
 #pragma once
 
 #include <algorithm>
@@ -13,7 +15,9 @@ namespace conv2d_ext {
 namespace igemm_nhwc {
 
 constexpr int kThreads = 256;  // 8 warps
-constexpr int kBlockK = 32;    // one tap's 32 channels: a 128-byte smem row
+constexpr int kRowBytes = 128;  // a K tile row in shared memory
+constexpr int kBlockK = 32;    // float32: one tap's 32 channels a K tile
+constexpr int block_k(int elem_bytes) { return kRowBytes / elem_bytes; }
 constexpr int kBlocksPerSm = 2;  // all tiles but 128 x 256 (one block per SM)
 
 // K tiles in flight: as many as two blocks per SM leave room for (the
@@ -38,14 +42,15 @@ inline Tile choose_tile(const ConvParams& p, int sms) {
 }
 
 inline int64_t smem_bytes(const Tile& t) {
-  return int64_t(stages(t.m, t.n)) * (t.m + t.n) * kBlockK * 4;
+  return int64_t(stages(t.m, t.n)) * (t.m + t.n) * kRowBytes;
 }
 
 // The forward's kernel: its tile, and whether it runs on wgmma (Hopper,
 // sm_90a code): a 128-row tile is two warpgroups' 64 rows, each one
 // wgmma per k8 step reading both operands from the swizzled stages, where
 // mma.sync needs a warp's fragments loaded and issued one m16n8 at a time.
-// 64 x 64 tiles stay on mma.sync.
+// 64 x 64 tiles stay on mma.sync. 16-bit operands run on wgmma only:
+// their 64 x 64 tiles become 128-row ones.
 //
 // With `split_k` (Hopper), a problem whose 128-row tiles cannot give every
 // SM a block takes them anyway, with its K tiles split over slices that
@@ -65,13 +70,14 @@ struct FpropKernel {
   bool round = true;  // wgmma: round operands to nearest TF32 in shared memory
 };
 constexpr int64_t kMinSliceTiles = 8;
-inline int64_t k_tiles(const ConvParams& p) {
-  return p.taps() * ((p.in_channels + kBlockK - 1) / kBlockK);
+inline int64_t k_tiles(const ConvParams& p, int elem_bytes = 4) {
+  const int64_t bk = block_k(elem_bytes);
+  return p.taps() * ((p.in_channels + bk - 1) / bk);
 }
 inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper, bool split_k,
-                                bool wide) {
+                                bool wide, int elem_bytes = 4) {
   const Tile t = choose_tile(p, sms);
-  const int64_t kt = k_tiles(p);
+  const int64_t kt = k_tiles(p, elem_bytes);
   const int64_t wide_tiles = ((p.gemm_m() + 127) / 128) * ((p.out_channels + 255) / 256);
   if (hopper && wide && p.out_channels >= 256 && wide_tiles >= sms) {
     return {{128, 256}, true, 1, kt};
@@ -86,6 +92,7 @@ inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper, bool 
       return {w, true, static_cast<int>((kt + per - 1) / per), per};
     }
   }
+  if (elem_bytes == 2 && t.m != 128) return {{128, p.out_channels > 64 ? 128 : 64}, true, 1, kt};
   return {t, hopper && t.m == 128, 1, kt};
 }
 
@@ -95,9 +102,9 @@ constexpr int kWgmmaAlign = 1024;
 inline int64_t wgmma_smem_bytes(const Tile& t) { return smem_bytes(t) + kWgmmaAlign; }
 
 // What the kernel takes: one group, 16-byte rows of input channels,
-// output channels in pairs (8-byte stores), pixels and tiles within ints.
-inline bool fits(const ConvParams& p) {
-  return p.groups == 1 && p.in_channels % 4 == 0 && p.out_channels % 2 == 0 &&
+// output channels in pairs (stores of two), pixels and tiles within ints.
+inline bool fits(const ConvParams& p, int elem_bytes = 4) {
+  return p.groups == 1 && p.in_channels % (16 / elem_bytes) == 0 && p.out_channels % 2 == 0 &&
          p.in_channels >= 8 && p.out_channels >= 8 && p.gemm_m() < (int64_t(1) << 31) &&
          p.input_numel() < (int64_t(1) << 40);
 }
@@ -117,12 +124,12 @@ inline OutMap dense_out(const ConvParams& p) {
 // that reads grad_output from its first row and column (padding within the
 // kernel's reach; beyond it a phase starts later, which the gather's
 // image offsets do not describe).
-inline bool dgrad_phases_fit(const ConvParams& p) {
+inline bool dgrad_phases_fit(const ConvParams& p, int elem_bytes = 4) {
   if (p.groups != 1 || (p.stride_h == 1 && p.stride_w == 1)) return false;
   for (const DgradPhase& ph : dgrad_phases(p)) {
     const ConvParams& f = ph.fprop;
     if (f.kernel_h == 0 || f.kernel_w == 0) continue;
-    if (ph.row_skip > 0 || ph.col_skip > 0 || !fits(f)) return false;
+    if (ph.row_skip > 0 || ph.col_skip > 0 || !fits(f, elem_bytes)) return false;
   }
   return true;
 }

@@ -14,7 +14,7 @@ namespace cuda {
 
 void launch_dgrad_nhwc_phases(const ConvParams& p, const at::Tensor& grad_out,
                               const at::Tensor& w, at::Tensor& grad_in) {
-  TORCH_CHECK(igemm_nhwc::dgrad_phases_fit(p) &&
+  TORCH_CHECK(igemm_nhwc::dgrad_phases_fit(p, static_cast<int>(grad_out.element_size())) &&
                   grad_in.is_contiguous(at::MemoryFormat::ChannelsLast),
               "conv2d_ext: internal error: the channels_last strided dgrad got a layer it "
               "does not take");
@@ -41,7 +41,7 @@ void launch_dgrad_nhwc_phases(const ConvParams& p, const at::Tensor& grad_out,
     const igemm_nhwc::OutMap out{p.in_h * row_pitch, p.stride_h * row_pitch,
                                  p.stride_w * p.in_channels,
                                  ph.row0 * row_pitch + ph.col0 * p.in_channels};
-    launch_fprop_nhwc(f, out, grad_out, sub, nullptr, grad_in);
+    launch_fprop_nhwc(f, out, grad_out, sub, at::Tensor(), grad_in);
   }
 }
 

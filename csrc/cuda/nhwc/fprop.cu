@@ -13,6 +13,8 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -174,36 +176,69 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const f
 }  // namespace
 
 void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
-                       const float* bias, at::Tensor& y) {
+                       const at::Tensor& bias, at::Tensor& y) {
   launch_fprop_nhwc(p, cfg::dense_out(p), x, w_nrsc, bias, y);
 }
 
+namespace {
+
+// 16-bit operands, as CUDA's types, on the wgmma forward (the plan takes
+// them to the engine only on Hopper).
+template <typename E>
+void launch_16bit(const ConvParams& p, const cfg::OutMap& out, const at::Tensor& x,
+                  const at::Tensor& w, const at::Tensor& bias, at::Tensor& y) {
+  const int sm = current_sm();
+  TORCH_CHECK(nhwc_wgmma(sm), "conv2d_ext: internal error: 16-bit operands reached the "
+              "channels_last engine without its wgmma forward");
+  const cfg::FpropKernel k =
+      cfg::choose_fprop(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
+                        /*hopper=*/true, nhwc_split_k(sm), nhwc_wide_tiles(sm), /*elem_bytes=*/2);
+  auto ptr = [](const at::Tensor& t) { return reinterpret_cast<const E*>(t.data_ptr()); };
+  launch_fprop_nhwc_wgmma<E>(p, out, ptr(x), ptr(w), bias.defined() ? ptr(bias) : nullptr,
+                             reinterpret_cast<E*>(y.data_ptr()), k);
+}
+
+}  // namespace
+
 void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Tensor& x,
-                       const at::Tensor& w_nrsc, const float* bias, at::Tensor& y) {
-  TORCH_CHECK(cfg::fits(p) && x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+                       const at::Tensor& w_nrsc, const at::Tensor& bias, at::Tensor& y) {
+  const at::ScalarType t = x.scalar_type();
+  const int elem_bytes = static_cast<int>(x.element_size());
+  TORCH_CHECK((t == at::kFloat || is_16bit(t)) && w_nrsc.scalar_type() == t &&
+                  y.scalar_type() == t && (!bias.defined() || bias.scalar_type() == t) &&
+                  cfg::fits(p, elem_bytes) && x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
                   y.is_contiguous(at::MemoryFormat::ChannelsLast) && w_nrsc.is_contiguous() &&
                   y.size(1) == p.out_channels,
               "conv2d_ext: internal error: the channels_last engine got operands it does not "
               "take");
   const at::Tensor xa = aligned_16(x, at::MemoryFormat::ChannelsLast);
   const at::Tensor wa = aligned_16(w_nrsc, at::MemoryFormat::Contiguous);
+  if (t == at::kHalf) {
+    launch_16bit<__half>(p, out, xa, wa, bias, y);
+    return;
+  }
+  if (t == at::kBFloat16) {
+    launch_16bit<__nv_bfloat16>(p, out, xa, wa, bias, y);
+    return;
+  }
   const float* xp = xa.data_ptr<float>();
   const float* wp = wa.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int sm = current_sm();
   cfg::FpropKernel k =
       cfg::choose_fprop(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
                         nhwc_wgmma(sm), nhwc_split_k(sm), nhwc_wide_tiles(sm));
   k.round = !option(Option::kNhwcTf32Truncate);
-  const cfg::Tile t = k.tile;
+  const cfg::Tile tile = k.tile;
   if (k.wgmma) {
-    launch_fprop_nhwc_wgmma(p, out, xp, wp, bias, yp, k);
-  } else if (t.m == 128 && t.n == 128) {
-    launch<128, 128, 2>(p, out, xp, wp, bias, yp);
-  } else if (t.m == 128) {
-    launch<128, 64, 4>(p, out, xp, wp, bias, yp);
+    launch_fprop_nhwc_wgmma<float>(p, out, xp, wp, bp, yp, k);
+  } else if (tile.m == 128 && tile.n == 128) {
+    launch<128, 128, 2>(p, out, xp, wp, bp, yp);
+  } else if (tile.m == 128) {
+    launch<128, 64, 4>(p, out, xp, wp, bp, yp);
   } else {
-    launch<64, 64, 2>(p, out, xp, wp, bias, yp);
+    launch<64, 64, 2>(p, out, xp, wp, bp, yp);
   }
 }
 

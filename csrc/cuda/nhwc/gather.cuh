@@ -1,5 +1,6 @@
 // The channels_last engine's K-tile gather, shared by its mma.sync and
-// wgmma forwards: a K tile is one tap's 32 channels, so each of its rows
+// wgmma forwards: a K tile is one tap's 128 bytes of channels (32 float32
+// or 64 16-bit ones, of element type E), so each of its rows
 // (an output pixel's input channels, or an output channel's weights) is a
 // run of 16-byte chunks, copied asynchronously, zeros where the tap falls
 // in the padding or past C. Rows are stored 128 bytes wide with chunk c of
@@ -19,21 +20,27 @@ namespace cuda {
 namespace nhwc {
 
 namespace cfg = igemm_nhwc;
-constexpr int kChunks = cfg::kBlockK / 4;  // 16-byte chunks of a smem row
+constexpr int kChunks = cfg::kRowBytes / 16;  // 16-byte chunks of a smem row
+template <typename E>
+constexpr int kRowElems = cfg::kRowBytes / int(sizeof(E));  // a K tile's channels
+template <typename E>
+constexpr int kChunkElems = 16 / int(sizeof(E));
 
-// Float offset of (row, 16-byte chunk) in a swizzled tile.
+// Element offset of (row, 16-byte chunk) in a swizzled tile of E.
+template <typename E = float>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
-  return row * cfg::kBlockK + ((chunk ^ (row & 7)) << 2);
+  return row * kRowElems<E> + (chunk ^ (row & 7)) * kChunkElems<E>;
 }
 
 // Where K tile kt lies: tap (r, s) and its first channel c0.
 struct KTile {
   int r, s, c0;
 };
+template <typename E = float>
 __device__ __forceinline__ KTile k_tile(const ConvParams& p, int c_tiles, int kt) {
   const int tap = kt / c_tiles;
   const int r = tap / static_cast<int>(p.kernel_w);
-  return {r, tap - r * static_cast<int>(p.kernel_w), (kt - tap * c_tiles) * cfg::kBlockK};
+  return {r, tap - r * static_cast<int>(p.kernel_w), (kt - tap * c_tiles) * kRowElems<E>};
 }
 
 // The input rows (output pixels) a thread copies: image base and the
@@ -61,14 +68,13 @@ struct ARows {
   }
 };
 
-// One K tile's copies into a stage: A (pixels x 32 channels of the tap)
-// and B (output channels x the same 32 weights).
-template <typename T, int BM, int BN>
-__device__ __forceinline__ void load_stage(float* stage, const ConvParams& p, const ARows<T>& a,
-                                           const float* __restrict__ x,
-                                           const float* __restrict__ w, int n0, KTile k,
-                                           int row0, int chunk) {
-  const int c = k.c0 + 4 * chunk;
+// One K tile's copies into a stage: A (pixels x the tap's channels of
+// the tile) and B (output channels x the same channels' weights).
+template <typename T, int BM, int BN, typename E>
+__device__ __forceinline__ void load_stage(E* stage, const ConvParams& p, const ARows<T>& a,
+                                           const E* __restrict__ x, const E* __restrict__ w,
+                                           int n0, KTile k, int row0, int chunk) {
+  const int c = k.c0 + kChunkElems<E> * chunk;
   const bool c_live = c < p.in_channels;
   const int H = static_cast<int>(p.in_h), W = static_cast<int>(p.in_w);
   const int ih_off = k.r * static_cast<int>(p.dilation_h);
@@ -78,19 +84,18 @@ __device__ __forceinline__ void load_stage(float* stage, const ConvParams& p, co
     const int row = row0 + i * (cfg::kThreads / kChunks);
     const int ih = a.h0[i] + ih_off, iw = a.w0[i] + iw_off;
     const bool live = a.live[i] && c_live && ih >= 0 && ih < H && iw >= 0 && iw < W;
-    const float* src =
-        live ? x + a.base[i] + (int64_t(ih) * W + iw) * p.in_channels + c : x;
-    cp_async_16_or_zero(stage + swizzled(row, chunk), src, live);
+    const E* src = live ? x + a.base[i] + (int64_t(ih) * W + iw) * p.in_channels + c : x;
+    cp_async_16_or_zero(stage + swizzled<E>(row, chunk), src, live);
   }
-  float* sb = stage + BM * cfg::kBlockK;
+  E* const sb = stage + BM * kRowElems<E>;
   const int64_t tap = int64_t(k.r) * p.kernel_w + k.s;
 #pragma unroll
   for (int i = 0; i < T::kBRows; ++i) {
     const int row = row0 + i * (cfg::kThreads / kChunks);
     const int n = n0 + row;
     const bool live = c_live && n < p.out_channels;
-    const float* src = live ? w + (int64_t(n) * p.taps() + tap) * p.in_channels + c : w;
-    cp_async_16_or_zero(sb + swizzled(row, chunk), src, live);
+    const E* src = live ? w + (int64_t(n) * p.taps() + tap) * p.in_channels + c : w;
+    cp_async_16_or_zero(sb + swizzled<E>(row, chunk), src, live);
   }
 }
 
