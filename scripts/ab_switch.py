@@ -34,7 +34,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     shapes = benchmark._csv(args.shapes, list(benchmark.SUITE), "shape")
     passes = benchmark._csv(args.passes, benchmark.PASSES, "pass")
-    precisions = benchmark._csv(args.precision, benchmark.PRECISIONS, "precision")
+    precisions = benchmark._csv(args.precision, benchmark.PRECISIONS + list(benchmark.HALF_PRECISIONS),
+                                "precision")
     layouts = benchmark._csv(args.layout, benchmark.LAYOUTS, "layout")
     device = torch.device(args.device)
     if device.type == "cpu":
