@@ -154,17 +154,18 @@ bool nhwc_wgrad(const ConvParams& p, int sm) {
 }
 // 16-bit operands natively: the forward and dgrad (the forward over
 // grad_output, or its stride phases) on the wgmma forward, in either
-// precision flag's mode (16-bit products are exact in float32).
+// precision flag's mode (16-bit products are exact in float32). Its K
+// tiles hold 64 channels; over at most 32 they run half empty, and the
+// float32 kernels' full 32-channel tiles on copies run faster there.
 bool nhwc_engine_16bit(const ConvParams& p, Pass pass, int sm) {
-  if (!option(Option::kNhwcKernels) || !option(Option::kNhwc16Bit) || !nhwc_wgmma(sm)) {
+  if (!option(Option::kNhwcKernels) || !option(Option::kNhwc16Bit) || !nhwc_wgmma(sm) ||
+      pass == Pass::kWgrad) {
     return false;
   }
-  if (pass == Pass::kFprop) return igemm_nhwc::fits(p, 2);
-  if (pass == Pass::kDgrad) {
-    return dgrad_is_fprop(p) ? igemm_nhwc::fits(dgrad_as_fprop(p), 2)
-                             : igemm_nhwc::dgrad_phases_fit(p, 2);
-  }
-  return false;
+  const ConvParams f = pass == Pass::kFprop ? p : dgrad_as_fprop(p);
+  if (f.in_channels <= igemm_nhwc::kBlockK) return false;
+  if (pass == Pass::kDgrad && !dgrad_is_fprop(p)) return igemm_nhwc::dgrad_phases_fit(p, 2);
+  return igemm_nhwc::fits(f, 2);
 }
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80 || math != MathMode::kTF32) return false;
