@@ -31,7 +31,7 @@ def _run(mode, tmp_path):
 
 
 @two_gpus
-@pytest.mark.parametrize("mode, rel", [("ddp", 2e-2), ("fsdp2", 5e-2)])
+@pytest.mark.parametrize("mode, rel", [("ddp", 2e-2), ("fsdp2", 1e-1)])
 def test_converted_resnet18_trains_like_the_original(mode, rel, tmp_path):
     result = _run(mode, tmp_path)
     original, converted = result["original"], result["converted"]
@@ -40,5 +40,8 @@ def test_converted_resnet18_trains_like_the_original(mode, rel, tmp_path):
     # Training moved: the last losses are below the first.
     assert sum(converted[-5:]) < sum(converted[:5])
     for step, (a, b) in enumerate(zip(converted, original)):
-        assert abs(a - b) <= rel * abs(b) + 1e-3, (step, converted, original)
+        # The first steps agree closely; later ones within `rel`, as rounding
+        # differences (bfloat16 parameters under FSDP2) grow step by step.
+        bound = min(rel, 1e-2) if step < 5 else rel
+        assert abs(a - b) <= bound * abs(b) + 1e-3, (step, converted, original)
     assert not result["stride_warnings"], result["stride_warnings"]
