@@ -152,16 +152,16 @@ bool nhwc_wgrad(const ConvParams& p, int sm) {
            std::min(p.in_channels, p.out_channels) <= kNhwcFlatMaxChannels &&
            igemm_wgrad_sm90::fits(p, false));
 }
-// 16-bit operands natively: the forward and dgrad (the forward over
-// grad_output, or its stride phases) on the wgmma forward, in either
-// precision flag's mode (16-bit products are exact in float32). Its K
+// 16-bit operands natively, in either precision flag's mode (16-bit
+// products are exact in float32): wgrad on m16n8k16 MMAs (sm_80+) where
+// the float32 engine's wgrad would run; the forward and dgrad (the forward
+// over grad_output, or its stride phases) on the wgmma forward. Its K
 // tiles hold 64 channels; over at most 32 they run half empty, and the
 // float32 kernels' full 32-channel tiles on copies run faster there.
 bool nhwc_engine_16bit(const ConvParams& p, Pass pass, int sm) {
-  if (!option(Option::kNhwcKernels) || !option(Option::kNhwc16Bit) || !nhwc_wgmma(sm) ||
-      pass == Pass::kWgrad) {
-    return false;
-  }
+  if (!option(Option::kNhwcKernels) || !option(Option::kNhwc16Bit) || sm < 80) return false;
+  if (pass == Pass::kWgrad) return igemm_nhwc::wgrad_fits(p, 2) && nhwc_wgrad(p, sm);
+  if (!nhwc_wgmma(sm)) return false;
   const ConvParams f = pass == Pass::kFprop ? p : dgrad_as_fprop(p);
   if (f.in_channels <= igemm_nhwc::kBlockK) return false;
   if (pass == Pass::kDgrad && !dgrad_is_fprop(p)) return igemm_nhwc::dgrad_phases_fit(p, 2);

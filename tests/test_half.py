@@ -28,19 +28,23 @@ CASES = {
     "1x1": (3, 40, 9, 7, 32, (1, 1), 1, 0, 1, 1),
 }
 
-# channels_last layers whose forward and dgrad the engine reads natively
-# in 16 bits on Hopper: 128-row tiles partial across images, N tiles and
+# channels_last layers whose passes the engine reads natively in 16 bits
+# (forward and dgrad on Hopper's wgmma, wgrad on mma.sync where the float32
+# engine's wgrad runs): 128-row tiles partial across images, N tiles and
 # 64-channel K tiles (C short of one, and two tiles and a tail); K split
 # over slices (few tiles, long K), with its dgrad's 64 x 64 problem on
 # 128-row tiles; strided, dilated dgrad by phases, whose forward over 32
-# input channels (half a K tile) runs on float32 copies.
+# input channels (half a K tile) runs on float32 copies; a layer of few
+# channels that stays on the copies.
 NATIVE = {
     "partial_tiles": (3, 40, 11, 13, 40, (3, 3), 1, 1, 1, 1),
     "deep_1x1": (2, 136, 7, 7, 72, (1, 1), 1, 0, 1, 1),
     "split_k": (1, 512, 7, 7, 64, (3, 3), 1, 1, 1, 1),
     "strided_dilated": (2, 32, 19, 17, 48, (3, 3), 2, 2, 2, 1),
+    "few_channels": (2, 16, 10, 12, 24, (3, 3), 1, 1, 1, 1),
 }
-NATIVE_PASSES = {"strided_dilated": ["backward_input"]}  # else forward and backward_input
+# The forward and dgrad that run natively (else both).
+NATIVE_PASSES = {"strided_dilated": ["backward_input"], "few_channels": []}
 
 
 def _operands(case, dtype, device, layout, seed=0):
@@ -118,31 +122,40 @@ def _pair(v):
 @pytest.mark.parametrize("case", sorted(NATIVE))
 @pytest.mark.parametrize("native", [True, False], ids=["native", "switch_off"])
 def test_engine_reads_16_bit_operands_natively(dtype, case, native):
-    """channels_last 16-bit operands on the engine (Hopper): the forward and
-    dgrad read them as they are (the plan's report, the 16-bit kernel
-    launched) over more than 32 input channels (of the pass's GEMM), in
-    either precision flag's mode; with the switch nhwc_16bit off, float32
-    copies. Both bitwise repeatable, against float64 and no less accurate
-    than PyTorch's convolution."""
+    """channels_last 16-bit operands on the engine: the forward and dgrad
+    (Hopper) read them as they are (the plan's report, the 16-bit kernel
+    launched) over more than 32 input channels (of the pass's GEMM), wgrad
+    where the float32 engine's wgrad runs, in either precision flag's mode;
+    with the switch nhwc_16bit off, float32 copies. Both bitwise
+    repeatable, against float64 and no less accurate than PyTorch's
+    convolution."""
     x, w, b, kw = _operands(case, dtype, "cuda", "channels_last")
     args = (x, w, _pair(kw["stride"]), _pair(kw["padding"]), _pair(kw["dilation"]), 1)
     major, minor = torch.cuda.get_device_capability()
     expect_native = native and is_hopper_build()
+    with tf32_mode(True):
+        float_args = (x.float(), w.float(), *args[2:])
+        float_wgrad = torch.ops.conv2d_ext._algorithm("backward_weight", *float_args)
+    native_passes = NATIVE_PASSES.get(case, ["forward", "backward_input"]) + (
+        ["backward_weight"] if float_wgrad == "implicit_gemm_nhwc" else [])
     ctype = "__nv_bfloat16" if dtype == torch.bfloat16 else "__half"
     for tf32 in (True, False):
         with tf32_mode(tf32), option("nhwc_16bit", native):
             for which in ("forward", "backward_input", "backward_weight"):
                 report = torch.ops.conv2d_ext._kernel(which, *args, 10 * major + minor)
-                runs_native = expect_native and which in NATIVE_PASSES.get(
-                    case, ["forward", "backward_input"])
+                runs_native = expect_native and which in native_passes
                 assert ("operands=float32" not in report) == runs_native, (which, report)
                 if runs_native:
                     assert report.startswith("implicit_gemm_nhwc"), report
                     assert f"math={'bf16' if dtype == torch.bfloat16 else 'fp16'}" in report
             names = cuda_kernel_names(lambda: conv2d_ext.conv2d(x, w, b, **kw))
-            native_forward = expect_native and "forward" in NATIVE_PASSES.get(case, ["forward"])
-            assert any("wgmma_kernel<" in n and ctype in n for n in names) == native_forward, \
-                names
+            assert any("wgmma_kernel<" in n and ctype in n for n in names) == \
+                (expect_native and "forward" in native_passes), names
+            wg = w.detach().requires_grad_()
+            y = conv2d_ext.conv2d(x, wg, b, **kw)
+            names = cuda_kernel_names(lambda: torch.autograd.grad(y, [wg], torch.ones_like(y)))
+            assert any("wgrad_nhwc_kernel<" in n and ctype in n for n in names) == \
+                (expect_native and "backward_weight" in native_passes), names
             ours, gy = _passes(conv2d_ext.conv2d, x, w, b, kw)
             again, _ = _passes(conv2d_ext.conv2d, x, w, b, kw, gy)
             theirs, _ = _passes(F.conv2d, x, w, b, kw, gy)

@@ -164,6 +164,44 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_byte
 #endif
 }
 
+// The same four matrices transposed: lane (g, t) gets elements (2t, g) and
+// (2t + 1, g) of each, so rows stored k-major ([k][m], 8 rows of k at
+// one m offset) give the m16n8k16 fragments of A (row-major) and B
+// (column-major) without a transposing copy.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_byte_addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_byte_addr));
+#else
+  __trap();  // the plan never picks tensor-core kernels below sm_80
+#endif
+}
+
+// D += A * B for one m16n8k16 tile of 16-bit operands (kBf16: bfloat16,
+// else float16; A row-major 16x16, B column-major 16x8, float32
+// accumulators): register i of A holds rows g / g + 8 (i odd) at k pairs
+// 2t / 2t + 8 (i >= 2), B's registers k pairs 2t and 2t + 8 of column g.
+template <bool kBf16>
+__device__ __forceinline__ void mma_16bit(float (&d)[4], const uint32_t (&a)[4],
+                                          const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kBf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#else
+  __trap();  // the plan never picks tensor-core kernels below sm_80
+#endif
+}
+
 // A float at a 32-bit shared address.
 __device__ __forceinline__ float lds_f32(uint32_t addr) {
   float v;

@@ -135,9 +135,10 @@ inline bool dgrad_phases_fit(const ConvParams& p, int elem_bytes = 4) {
 }
 
 // wgrad (nhwc/wgrad.cu): M = K output channels, N = one tap's C input
-// channels, K = N*P*Q pixels. 16-byte rows of both channel counts.
-inline bool wgrad_fits(const ConvParams& p) {
-  return p.groups == 1 && p.in_channels % 4 == 0 && p.out_channels % 4 == 0 &&
+// channels, K = N*P*Q pixels. 16-byte chunks of both channel counts.
+inline bool wgrad_fits(const ConvParams& p, int elem_bytes = 4) {
+  const int chunk = 16 / elem_bytes;
+  return p.groups == 1 && p.in_channels % chunk == 0 && p.out_channels % chunk == 0 &&
          p.in_channels >= 8 && p.out_channels >= 8 && p.gemm_m() < (int64_t(1) << 31) &&
          p.input_numel() < (int64_t(1) << 40);
 }

@@ -1,4 +1,5 @@
-// wgrad over channels_last operands on mma.sync (sm_80+), TF32 mode.
+// wgrad over channels_last operands on mma.sync (sm_80+): float32 in TF32
+// mode, or float16 / bfloat16 (E) on m16n8k16 MMAs.
 //
 // Implicit GEMM with the batch's pixels as K (config.h): M = K output
 // channels, N = one tap's input channels (a block's N tile never spans
@@ -8,14 +9,19 @@
 // whole rows, stored [pixel][channel] with rows padded to 8 mod 32 floats,
 // so that a fragment's scalar loads (lane (g, t) reads pixel t, channel g)
 // hit 32 distinct banks; ldmatrix's transpose moves 16-bit halves and
-// cannot transpose TF32. K is split over grid.y slices where the M x N
+// cannot transpose TF32. 16-bit rows are padded by 16 bytes, and there
+// ldmatrix.trans reads the fragments (rows of pixels give A's and B's k).
+// K is split over grid.y slices where the M x N
 // tiles leave SMs idle; the slices' partial sums are added in slice order
 // (reduce_splits), so the result repeats bitwise.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common.cuh"
 #include "../mma.cuh"
@@ -31,23 +37,28 @@ namespace {
 namespace cfg = igemm_nhwc;
 constexpr int kPixels = cfg::kBlockK;  // pixels of a K tile
 
-template <int BM, int BN>
+template <int BM, int BN, typename E = float>
 struct WgradTraits {
   static constexpr int kWarpsM = (BM == 128 && BN == 64) ? 4 : 2, kWarpsN = 8 / kWarpsM;
   static constexpr int kWarpM = BM / kWarpsM, kWarpN = BN / kWarpsN;
   static constexpr int kMT = kWarpM / 16, kNT = kWarpN / 8;
-  static constexpr int kLdA = BM + 8, kLdB = BN + 8;  // 8 mod 32: conflict-free fragments
-  static constexpr int kStageFloats = kPixels * (kLdA + kLdB);
+  // Rows padded by 8 elements: floats 8 mod 32 (conflict-free scalar
+  // fragment loads), 16-bit rows 16 bytes (conflict-free ldmatrix rows).
+  static constexpr int kLdA = BM + 8, kLdB = BN + 8;
+  static constexpr int kStageElems = kPixels * (kLdA + kLdB);
   static constexpr int kStages = 3;
-  static constexpr int kAChunks = BM / 4, kBChunks = BN / 4;  // 16-byte chunks of a row
+  static constexpr int kChunkElems = 16 / int(sizeof(E));
+  static constexpr int kAChunks = BM / kChunkElems, kBChunks = BN / kChunkElems;  // of a row
   static constexpr int kARows = kPixels * kAChunks / cfg::kThreads;
   static constexpr int kBRows = kPixels * kBChunks / cfg::kThreads;
   static_assert(kMT >= 1 && kNT >= 1 && kARows >= 1 && kBRows >= 1, "tile too small");
+  static_assert(kNT % 2 == 0 || sizeof(E) == 4, "16-bit B fragments load in pairs of n8 tiles");
 };
 
-template <int BM, int BN>
+template <int BM, int BN, typename E = float>
 constexpr int64_t wgrad_smem_bytes() {
-  return int64_t(WgradTraits<BM, BN>::kStages) * WgradTraits<BM, BN>::kStageFloats * 4;
+  using T = WgradTraits<BM, BN, E>;
+  return int64_t(T::kStages) * T::kStageElems * int64_t(sizeof(E));
 }
 
 // A block's place: output channels m0.., tap (r, s), input channels c0..,
@@ -73,11 +84,10 @@ __device__ __forceinline__ WgradBlock wgrad_block(const ConvParams& p, int bm, i
 
 // One K tile's copies: grad_output rows (pixel j, channels m0..) and the
 // input rows each pixel's tap reads (channels c0..).
-template <typename T>
-__device__ __forceinline__ void wgrad_load(float* stage, const ConvParams& p,
-                                           const float* __restrict__ go,
-                                           const float* __restrict__ x, const WgradBlock& b,
-                                           int kt) {
+template <typename T, typename E>
+__device__ __forceinline__ void wgrad_load(E* stage, const ConvParams& p,
+                                           const E* __restrict__ go, const E* __restrict__ x,
+                                           const WgradBlock& b, int kt) {
   const int64_t pixels = p.gemm_m();
   const int64_t j0 = int64_t(kt) * kPixels;
 #pragma unroll
@@ -85,12 +95,12 @@ __device__ __forceinline__ void wgrad_load(float* stage, const ConvParams& p,
     const int e = threadIdx.x + i * cfg::kThreads;
     const int row = e / T::kAChunks, chunk = e % T::kAChunks;
     const int64_t j = j0 + row;
-    const int k = b.m0 + 4 * chunk;
+    const int k = b.m0 + T::kChunkElems * chunk;
     const bool live = j < pixels && k < p.out_channels;
-    cp_async_16_or_zero(stage + row * T::kLdA + 4 * chunk,
+    cp_async_16_or_zero(stage + row * T::kLdA + T::kChunkElems * chunk,
                         live ? go + j * p.out_channels + k : go, live);
   }
-  float* sb = stage + kPixels * T::kLdA;
+  E* const sb = stage + kPixels * T::kLdA;
   const int pq = static_cast<int>(p.out_h * p.out_w), Q = static_cast<int>(p.out_w);
   const int H = static_cast<int>(p.in_h), W = static_cast<int>(p.in_w);
 #pragma unroll
@@ -98,7 +108,7 @@ __device__ __forceinline__ void wgrad_load(float* stage, const ConvParams& p,
     const int e = threadIdx.x + i * cfg::kThreads;
     const int row = e / T::kBChunks, chunk = e % T::kBChunks;
     const int64_t j = j0 + row;
-    const int c = b.c0 + 4 * chunk;
+    const int c = b.c0 + T::kChunkElems * chunk;
     bool live = j < pixels && c < p.in_channels;
     const int img = live ? static_cast<int>(j / pq) : 0;
     const int rest = live ? static_cast<int>(j - int64_t(img) * pq) : 0;
@@ -108,9 +118,8 @@ __device__ __forceinline__ void wgrad_load(float* stage, const ConvParams& p,
     const int iw = ow * static_cast<int>(p.stride_w) - static_cast<int>(p.pad_w) +
                    b.s * static_cast<int>(p.dilation_w);
     live = live && ih >= 0 && ih < H && iw >= 0 && iw < W;
-    const float* src =
-        live ? x + ((int64_t(img) * H + ih) * W + iw) * p.in_channels + c : x;
-    cp_async_16_or_zero(sb + row * T::kLdB + 4 * chunk, src, live);
+    const E* src = live ? x + ((int64_t(img) * H + ih) * W + iw) * p.in_channels + c : x;
+    cp_async_16_or_zero(sb + row * T::kLdB + T::kChunkElems * chunk, src, live);
   }
 }
 
@@ -151,6 +160,45 @@ __device__ __forceinline__ void wgrad_mma_stage(float (&acc)[T::kMT][T::kNT][4],
   }
 }
 
+// The same for 16-bit operands: 2 k16 steps, each warp's A (m16 x k16)
+// and B (k16 x two n8) fragments by ldmatrix.trans from the [pixel]
+// [channel] rows: matrix i of an A load is rows (pixels) 8 (i / 2) on at
+// channel offset 8 (i % 2); of a B load pixels 8 (i % 2) on at 8 (i / 2).
+template <typename T, typename E>
+__device__ __forceinline__ void wgrad_mma_stage_16bit(float (&acc)[T::kMT][T::kNT][4],
+                                                      const E* stage, int warp_m, int warp_n,
+                                                      int lane) {
+  const uint32_t sa = smem_addr(stage), sb = smem_addr(stage + kPixels * T::kLdA);
+  const int mat = lane >> 3, row = lane & 7;
+  constexpr int kBytes = int(sizeof(E));
+#pragma unroll
+  for (int kk = 0; kk < kPixels / 16; ++kk) {
+    uint32_t a[T::kMT][4], b[T::kNT][2];
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt) {
+      const int pixel = kk * 16 + row + 8 * (mat >> 1);
+      const int m = warp_m * T::kWarpM + mt * 16 + 8 * (mat & 1);
+      ldmatrix_x4_trans(a[mt], sa + kBytes * (pixel * T::kLdA + m));
+    }
+#pragma unroll
+    for (int nt = 0; nt < T::kNT; nt += 2) {
+      const int pixel = kk * 16 + row + 8 * (mat & 1);
+      const int n = warp_n * T::kWarpN + nt * 8 + 8 * (mat >> 1);
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, sb + kBytes * (pixel * T::kLdB + n));
+      b[nt][0] = r[0];
+      b[nt][1] = r[1];
+      b[nt + 1][0] = r[2];
+      b[nt + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kNT; ++nt)
+        mma_16bit<std::is_same_v<E, __nv_bfloat16>>(acc[mt][nt], a[mt], b[nt]);
+  }
+}
+
 // The block's sums to its slice of `out`, [slice][K][R][S][C] (a
 // channels_last weight's memory per slice).
 template <typename T>
@@ -178,21 +226,21 @@ __device__ __forceinline__ void wgrad_store(const float (&acc)[T::kMT][T::kNT][4
   }
 }
 
-template <int BM, int BN>
+// Operands of type E; float32 sums in `out`.
+template <int BM, int BN, typename E>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
-    wgrad_nhwc_kernel(const ConvParams p, const float* __restrict__ go,
-                      const float* __restrict__ x, float* __restrict__ out, int c_tiles,
-                      int tiles_per_split, int k_tiles) {
-  using T = WgradTraits<BM, BN>;
+    wgrad_nhwc_kernel(const ConvParams p, const E* __restrict__ go, const E* __restrict__ x,
+                      float* __restrict__ out, int c_tiles, int tiles_per_split, int k_tiles) {
+  using T = WgradTraits<BM, BN, E>;
   extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
+  E* smem = reinterpret_cast<E*>(smem4);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int warp_m = warp % T::kWarpsM, warp_n = warp / T::kWarpsM;
   const WgradBlock b = wgrad_block(p, BM, BN, c_tiles, tiles_per_split, k_tiles);
   const int tiles = b.kt_end - b.kt_begin;
   auto load = [&](int i) {
     if (i < tiles)
-      wgrad_load<T>(smem + (i % T::kStages) * T::kStageFloats, p, go, x, b, b.kt_begin + i);
+      wgrad_load<T>(smem + (i % T::kStages) * T::kStageElems, p, go, x, b, b.kt_begin + i);
     cp_async_commit();  // empty groups too: the wait below counts groups
   };
   float acc[T::kMT][T::kNT][4];
@@ -203,13 +251,20 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
     cp_async_wait<T::kStages - 2>();
     __syncthreads();  // tile i landed; every warp is done with tile i - 1's stage
     load(i + T::kStages - 1);
-    wgrad_mma_stage<T>(acc, smem + (i % T::kStages) * T::kStageFloats, warp_m, warp_n, lane);
+    const E* stage = smem + (i % T::kStages) * T::kStageElems;
+    if constexpr (std::is_same_v<E, float>) {
+      wgrad_mma_stage<T>(acc, stage, warp_m, warp_n, lane);
+    } else {
+      wgrad_mma_stage_16bit<T>(acc, stage, warp_m, warp_n, lane);
+    }
   }
   wgrad_store<T>(acc, p, b, out, warp_m, warp_n, lane);
 }
 
-template <int BM, int BN>
-void launch_wgrad(const ConvParams& p, const float* go, const float* x, at::Tensor& grad_w) {
+// grad_w (float32, or 16-bit: then the sums land in a float32 copy of its
+// layout and are rounded once into it).
+template <int BM, int BN, typename E>
+void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad_w) {
   const int64_t m_tiles = ceil_div(p.out_channels, BM);
   const int64_t c_tiles = ceil_div(p.in_channels, BN);
   const int64_t tiles = m_tiles * p.taps() * c_tiles;
@@ -218,17 +273,38 @@ void launch_wgrad(const ConvParams& p, const float* go, const float* x, at::Tens
               "conv2d_ext: problem too large for the channels_last wgrad");
   const KSplit k = one_wave_k_split(tiles, k_tiles, cfg::kBlocksPerSm);
   const int64_t numel = p.weight_numel();
-  // One slice writes grad_w itself; more write partial sums, added after.
-  at::Tensor partial = k.splits > 1 ? at::empty({k.splits * numel}, grad_w.options()) : grad_w;
-  auto kernel = wgrad_nhwc_kernel<BM, BN>;
-  const size_t smem = static_cast<size_t>(wgrad_smem_bytes<BM, BN>());
+  const at::TensorOptions f32 = grad_w.options().dtype(at::kFloat);
+  at::Tensor sums = grad_w.scalar_type() == at::kFloat
+                        ? grad_w
+                        : at::empty_strided(grad_w.sizes(), grad_w.strides(), f32);
+  // One slice writes the sums itself; more write partial sums, added after.
+  at::Tensor partial = k.splits > 1 ? at::empty({k.splits * numel}, f32) : sums;
+  auto kernel = wgrad_nhwc_kernel<BM, BN, E>;
+  const size_t smem = static_cast<size_t>(wgrad_smem_bytes<BM, BN, E>());
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(k.splits)), cfg::kThreads,
            smem, at::cuda::getCurrentCUDAStream()>>>(
       p, go, x, partial.data_ptr<float>(), static_cast<int>(c_tiles),
       static_cast<int>(k.tiles_per_split), static_cast<int>(k_tiles));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (k.splits > 1) reduce_splits<float>(partial, grad_w, numel, static_cast<int>(k.splits));
+  if (k.splits > 1) reduce_splits<float>(partial, sums, numel, static_cast<int>(k.splits));
+  if (!sums.is_same(grad_w)) grad_w.copy_(sums);
+}
+
+template <typename E>
+void launch_wgrad_tiles(const ConvParams& p, const E* go, const E* x, at::Tensor& grad_w) {
+  const bool wide_m = p.out_channels >= 128, wide_n = p.in_channels >= 128;
+  // 128 x 128 tiles need more shared memory than sm_86/89/120 give a block.
+  const bool fits_128 = wgrad_smem_bytes<128, 128, E>() <= max_block_smem_bytes(current_sm());
+  if (wide_m && wide_n && fits_128) {
+    launch_wgrad<128, 128>(p, go, x, grad_w);
+  } else if (wide_m) {
+    launch_wgrad<128, 64>(p, go, x, grad_w);
+  } else if (wide_n) {
+    launch_wgrad<64, 128>(p, go, x, grad_w);
+  } else {
+    launch_wgrad<64, 64>(p, go, x, grad_w);
+  }
 }
 
 }  // namespace
@@ -236,24 +312,26 @@ void launch_wgrad(const ConvParams& p, const float* go, const float* x, at::Tens
 void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
                        at::Tensor& grad_w) {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  TORCH_CHECK(cfg::wgrad_fits(p) && grad_out.is_contiguous(kCl) && x.is_contiguous(kCl) &&
+  const at::ScalarType t = grad_out.scalar_type();
+  TORCH_CHECK((t == at::kFloat || is_16bit(t)) && x.scalar_type() == t &&
+                  grad_w.scalar_type() == t &&
+                  cfg::wgrad_fits(p, static_cast<int>(grad_out.element_size())) &&
+                  grad_out.is_contiguous(kCl) && x.is_contiguous(kCl) &&
                   grad_w.is_contiguous(kCl),
               "conv2d_ext: internal error: the channels_last wgrad got operands it does not "
               "take");
   const at::Tensor goa = aligned_16(grad_out, kCl), xa = aligned_16(x, kCl);
-  const float* gop = goa.data_ptr<float>();
-  const float* xp = xa.data_ptr<float>();
-  const bool wide_m = p.out_channels >= 128, wide_n = p.in_channels >= 128;
-  // 128 x 128 tiles need more shared memory than sm_86/89/120 give a block.
-  const bool fits_128 = wgrad_smem_bytes<128, 128>() <= max_block_smem_bytes(current_sm());
-  if (wide_m && wide_n && fits_128) {
-    launch_wgrad<128, 128>(p, gop, xp, grad_w);
-  } else if (wide_m) {
-    launch_wgrad<128, 64>(p, gop, xp, grad_w);
-  } else if (wide_n) {
-    launch_wgrad<64, 128>(p, gop, xp, grad_w);
+  auto run = [&](auto* type) {
+    using E = std::remove_pointer_t<decltype(type)>;
+    launch_wgrad_tiles<E>(p, reinterpret_cast<const E*>(goa.data_ptr()),
+                          reinterpret_cast<const E*>(xa.data_ptr()), grad_w);
+  };
+  if (t == at::kHalf) {
+    run(static_cast<__half*>(nullptr));
+  } else if (t == at::kBFloat16) {
+    run(static_cast<__nv_bfloat16*>(nullptr));
   } else {
-    launch_wgrad<64, 64>(p, gop, xp, grad_w);
+    run(static_cast<float*>(nullptr));
   }
 }
 
