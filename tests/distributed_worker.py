@@ -64,8 +64,9 @@ def train(model, mode, rank):
             if isinstance(module, Block):
                 fully_shard(module, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
-    # GroupNorm (FSDP2's run) without batch statistics diverged at DDP's rate.
-    opt = torch.optim.SGD(model.parameters(), lr=0.02 if mode == "ddp" else 0.003, momentum=0.9)
+    # GroupNorm under bfloat16 parameters (FSDP2's run) diverged at DDP's
+    # rate and its losses still jumped at a seventh of it.
+    opt = torch.optim.SGD(model.parameters(), lr=0.02 if mode == "ddp" else 0.001, momentum=0.9)
     # One batch per rank, learned by heart: the loss must fall.
     g = torch.Generator(device="cuda").manual_seed(100 + rank)
     x = torch.randn(16, 3, 32, 32, device="cuda", generator=g).to(memory_format=layout)

@@ -43,5 +43,7 @@ def test_converted_resnet18_trains_like_the_original(mode, rel, tmp_path):
         # The first steps agree closely; later ones within `rel`, as rounding
         # differences (bfloat16 parameters under FSDP2) grow step by step.
         bound = min(rel, 1e-2) if step < 5 else rel
-        assert abs(a - b) <= bound * abs(b) + 1e-3, (step, converted, original)
+        assert abs(a - b) <= bound * abs(b) + 1e-3, (
+            f"step {step}: converted {' '.join(f'{v:.3f}' for v in converted)}; "
+            f"original {' '.join(f'{v:.3f}' for v in original)}")
     assert not result["stride_warnings"], result["stride_warnings"]
