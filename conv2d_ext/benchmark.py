@@ -769,8 +769,12 @@ def headline(results, models=None):
         msum = models.get("summary") or summarize_models(models["records"])
         lines.append(("whole models, training step (" + ", ".join(dict.fromkeys(s["model"] for s in msum)) + ")",
                       lambda p: _range([s for s in msum if s["precision"] == p])))
-    rows = [(label, *(fn(p) for p in PRECISIONS)) for label, fn in lines]
-    return _table(("best vs best", "TF32", "IEEE (FP32-accurate)"), rows)
+    names = {"tf32": "TF32", "ieee": "IEEE (FP32-accurate)", "bf16": "bfloat16", "fp16": "float16"}
+    # float32's two modes always; a 16-bit precision where the records have it.
+    present = {s["precision"] for s in summary}
+    precisions = PRECISIONS + [p for p in HALF_PRECISIONS if p in present]
+    rows = [(label, *(fn(p) for p in precisions)) for label, fn in lines]
+    return _table(("best vs best", *(names[p] for p in precisions)), rows)
 
 
 def _csv(value, choices, what):

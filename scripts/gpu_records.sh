@@ -10,7 +10,8 @@
 #
 #   CONV2D_EXT_COMMIT=<sha> scripts/gpu_records.sh OUTDIR
 #
-# State between calls lives in .devbuild/ (ignored by git).
+# State between calls lives in .devbuild/ (ignored by git). Every
+# precision: float32's two modes, bfloat16 and float16.
 set -uo pipefail
 out=$(realpath -m "${1:?usage: scripts/gpu_records.sh OUTDIR}")
 commit=${CONV2D_EXT_COMMIT:?set CONV2D_EXT_COMMIT to the commit being built}
@@ -25,6 +26,7 @@ fi
 mkdir -p "$state" "$out"
 echo "$commit" >"$state/commit"
 export PYTHONUNBUFFERED=1
+precisions="--precision tf32,ieee,bf16,fp16"
 finish() {
   for f in gpu.txt build.log tests.log h100.json benchmark.log h100-models.json models.log; do
     [ -e "$state/$f" ] && cp "$state/$f" "$out/"
@@ -46,12 +48,12 @@ if [ ! -e "$state/tests.done" ] && [ "$(left)" -gt 200 ]; then
 fi
 [ -e "$state/tests.done" ] || finish 0
 if [ ! -e "$state/layers.done" ] && [ "$(left)" -gt 30 ]; then
-  timeout "$(left)" python -m conv2d_ext.benchmark --json "$state/h100.json" --resume \
+  timeout "$(left)" python -m conv2d_ext.benchmark --json "$state/h100.json" --resume $precisions \
     >/dev/null 2>>"$state/benchmark.log" && touch "$state/layers.done"
   tail -n 1 "$state/benchmark.log"
 fi
 if [ -e "$state/layers.done" ] && [ ! -e "$state/models.done" ] && [ "$(left)" -gt 30 ]; then
-  timeout "$(left)" python -m conv2d_ext.benchmark --models --json "$state/h100-models.json" --resume \
+  timeout "$(left)" python -m conv2d_ext.benchmark --models --json "$state/h100-models.json" --resume $precisions \
     >/dev/null 2>>"$state/models.log" && touch "$state/models.done"
   tail -n 1 "$state/models.log"
 fi

@@ -277,6 +277,17 @@ def test_report_from_the_json_files(tmp_path, capsys):
     short = capsys.readouterr().out
     assert "memory-bound layers" in short and "rgb_3x5 fwd" in short and "whole models" in short
     assert "## Every record" not in short
+    assert "bfloat16" not in short  # no 16-bit records, no 16-bit column
+
+
+def test_headline_gains_a_column_per_16_bit_precision(capsys):
+    summary = [dict(_fake("rgb_3x5", "forward", "nchw", 1.0, 2.0, precision=p),
+                    ext_layout="nchw", torch_layout="nchw") for p in ("tf32", "ieee", "bf16")]
+    short = benchmark.headline({"summary": summary})
+    header = short.splitlines()[0]
+    assert "TF32" in header and "IEEE" in header and "bfloat16" in header
+    assert "float16 |" not in header.replace("bfloat16", "")
+    assert "2.00-2.00x (lowest: rgb_3x5 fwd)" in short
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
