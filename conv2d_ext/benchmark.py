@@ -772,6 +772,8 @@ def headline(results, models=None):
     names = {"tf32": "TF32", "ieee": "IEEE (FP32-accurate)", "bf16": "bfloat16", "fp16": "float16"}
     # float32's two modes always; a 16-bit precision where the records have it.
     present = {s["precision"] for s in summary}
+    if models:
+        present |= {r["precision"] for r in models.get("summary") or models["records"]}
     precisions = PRECISIONS + [p for p in HALF_PRECISIONS if p in present]
     rows = [(label, *(fn(p) for p in precisions)) for label, fn in lines]
     return _table(("best vs best", *(names[p] for p in precisions)), rows)

@@ -63,9 +63,9 @@ enum class Option : int {
   // which truncate, instead of rounding them to nearest in shared memory
   // first (off: TF32 mode rounds everywhere; on to measure its cost).
   kNhwcTf32Truncate,
-  // On Hopper, float16 and bfloat16 operands of the engine's forward and
-  // dgrad run its wgmma forward as they are (16-bit MMAs); off runs them on
-  // float32 copies, as every other kernel does.
+  // float16 and bfloat16 operands of the engine run as they are (16-bit
+  // MMAs): the forward and dgrad on Hopper's wgmma forward, the wgrad on
+  // sm_80+; off runs them on float32 copies, as every other kernel does.
   kNhwc16Bit,
 };
 

@@ -4,8 +4,9 @@
 // NCHW operands to the backend's launcher.
 //
 // float16 and bfloat16 operands run natively where the backend's nhwc(p,
-// dtype) says so for their dtype (the channels_last engine's wgmma forward
-// and dgrad on Hopper); elsewhere they run the float32 kernels on float32
+// dtype) says so for their dtype (the channels_last engine: its forward
+// and dgrad on Hopper, its wgrad on sm_80+); elsewhere they run the
+// float32 kernels on float32
 // copies (in their memory formats), the result rounded once to the 16-bit
 // type. That is what a 16-bit convolution computes: products of 16-bit
 // values are exact in float32, and in TF32 too (11 significant bits, as

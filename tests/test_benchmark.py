@@ -102,11 +102,16 @@ def test_bf16_records_run_both_sides_in_bf16(monkeypatch):
 
 
 def test_models_under_autocast_bf16():
-    (rec,) = benchmark.run_models({"tiny": TinyNet}, ["bf16"], torch.device("cpu"), quick=True,
-                                  progress=lambda s: None, layouts=["nchw"], size=16, classes=10)
+    runs = {p: benchmark.run_models({"tiny": TinyNet}, [p], torch.device("cpu"), quick=True,
+                                    progress=lambda s: None, layouts=["nchw"], size=16,
+                                    classes=10)[0] for p in ("ieee", "bf16")}
+    rec = runs["bf16"]
     assert rec["precision"] == "bf16"
-    # Both under autocast: bfloat16 convolutions, losses within its rounding.
+    # Both under autocast: bfloat16 convolutions, losses within its rounding
+    # of each other, and not float32's loss (same weights and inputs).
     assert rec["loss_rel_diff"] < 2e-2
+    assert rec["torch_loss"] != runs["ieee"]["torch_loss"]
+    assert rec["ext_loss"] != runs["ieee"]["ext_loss"]
 
 
 def _fake(shape, pass_, layout, ext_ms, torch_ms, precision="tf32"):

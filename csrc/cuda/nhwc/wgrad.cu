@@ -274,9 +274,11 @@ void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad
   const KSplit k = one_wave_k_split(tiles, k_tiles, cfg::kBlocksPerSm);
   const int64_t numel = p.weight_numel();
   const at::TensorOptions f32 = grad_w.options().dtype(at::kFloat);
+  // (grad_w's strides: channels_last, as the entry checked; poisoned as
+  // outputs are, where the option asks.)
   at::Tensor sums = grad_w.scalar_type() == at::kFloat
                         ? grad_w
-                        : at::empty_strided(grad_w.sizes(), grad_w.strides(), f32);
+                        : empty_output(grad_w.sizes(), f32, at::MemoryFormat::ChannelsLast);
   // One slice writes the sums itself; more write partial sums, added after.
   at::Tensor partial = k.splits > 1 ? at::empty({k.splits * numel}, f32) : sums;
   auto kernel = wgrad_nhwc_kernel<BM, BN, E>;
