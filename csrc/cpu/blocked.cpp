@@ -499,6 +499,67 @@ __attribute__((always_inline)) inline void dw_nhwc_block(const DwNhwcProblem& a,
                                         v * kVL) = acc[j][v];
 }
 
+// At unit column stride and dilation with kS columns of taps: a run of
+// kP pixels of a row x one vector of channels. Each input pixel's vector
+// is loaded once per kernel row and serves every tap of that row that
+// reads it (kS of the run's pixels), so a load feeds up to kS multiply-adds
+// rather than one; the row's kS weight vectors are loaded once per row.
+// kEdge: the run reaches past the row's ends (or is cut short), so each
+// load checks its column and zeros outside the input.
+template <typename T, int kS, bool kEdge>
+__attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, int64_t n,
+                                                       int64_t oh, int64_t ow0, int64_t c0) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kP = T::kOW;
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  vec acc[kP];
+  const vec b = a.bias ? *reinterpret_cast<const vec_unaligned*>(a.bias + c0) : vec{};
+  for (int j = 0; j < kP; ++j) acc[j] = b;
+  const int64_t iw0 = ow0 - p.pad_w;
+  for (int64_t r = 0; r < p.kernel_h; ++r) {
+    const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+    if (ih < 0 || ih >= p.in_h) continue;
+    const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + c0;
+    vec wv[kS];
+    for (int s = 0; s < kS; ++s) wv[s] = *reinterpret_cast<const vec_unaligned*>(a.wt + (r * kS + s) * C + c0);
+#pragma GCC unroll 32
+    for (int i = 0; i < kP + kS - 1; ++i) {
+      const int64_t iw = iw0 + i;
+      const vec xv = !kEdge || (iw >= 0 && iw < p.in_w) ? *reinterpret_cast<const vec_unaligned*>(xrow + iw * C) : vec{};
+      // Input column i is tap s of the run's pixel i - s.
+#pragma GCC unroll 8
+      for (int s = 0; s < kS; ++s)
+        if (i - s >= 0 && i - s < kP) acc[i - s] += xv * wv[s];
+    }
+  }
+  const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
+  for (int64_t j = 0; j < npix; ++j)
+    *reinterpret_cast<vec_unaligned*>(a.y + ((n * p.out_h + oh) * p.out_w + ow0 + j) * C + c0) =
+        acc[j];
+}
+
+// A row's runs of kP pixels, every full vector of channels of each before
+// the next (the run's inputs stay in L1 across its channel vectors).
+template <typename T, int kS>
+__attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem& a, int64_t n,
+                                                            int64_t oh, int64_t full) {
+  constexpr int kP = T::kOW;
+  const ConvParams& p = a.p;
+  for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+    const int64_t iw0 = ow0 - p.pad_w;
+    const bool edge = iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w;
+    for (int64_t c0 = 0; c0 < full; c0 += T::kVL) {
+      if (edge) {
+        dw_nhwc_run<T, kS, true>(a, n, oh, ow0, c0);
+      } else {
+        dw_nhwc_run<T, kS, false>(a, n, oh, ow0, c0);
+      }
+    }
+  }
+}
+
 // Channels past the last full vector, one at a time.
 inline void dw_nhwc_tail(const DwNhwcProblem& a, int64_t n, int64_t oh, int64_t ow,
                          int64_t c0) {
@@ -525,8 +586,21 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
                                                          int64_t end) {
   const ConvParams& p = a.p;
   const int64_t C = p.out_channels, full = C - C % T::kVL;
+  const bool runs = p.stride_w == 1 && p.dilation_w == 1;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t n = t / p.out_h, oh = t % p.out_h;
+    if (runs && (p.kernel_w == 3 || p.kernel_w == 5 || p.kernel_w == 7)) {
+      if (p.kernel_w == 3) {
+        dw_nhwc_row_runs<T, 3>(a, n, oh, full);
+      } else if (p.kernel_w == 5) {
+        dw_nhwc_row_runs<T, 5>(a, n, oh, full);
+      } else {
+        dw_nhwc_row_runs<T, 7>(a, n, oh, full);
+      }
+      if (full < C)
+        for (int64_t ow = 0; ow < p.out_w; ++ow) dw_nhwc_tail(a, n, oh, ow, full);
+      continue;
+    }
     for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kDwPixels) {
       int64_t c0 = 0;
       for (; c0 + 4 * T::kVL <= full; c0 += 4 * T::kVL) dw_nhwc_block<T, 4>(a, n, oh, ow0, c0);
@@ -539,6 +613,141 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
   }
 }
 CONV2D_EXT_ISA_VARIANTS(dw_nhwc, DwNhwcProblem, dw_nhwc_range)
+
+// ---- depthwise wgrad over channels_last operands (one output channel per
+// input channel, unit column stride and dilation, kernel_w 3, 5 or 7): a
+// task is one vector of channels over a chunk of output rows; per kernel
+// row, its kS taps' sums in vector registers, each run of kP pixels of a
+// row holding grad_output's kP vectors while every input column under the
+// run is loaded once and multiplied into the taps that read it. Chunks are
+// a fixed number of rows (not a share of the threads), their sums added in
+// chunk order afterwards, so the result does not depend on the threads.
+template <typename T>
+struct Vectors {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+};
+
+struct DwWgradNhwcProblem {
+  const ConvParams& p;
+  const float *x, *go;     // [N][H][W][C], [N][P][Q][C]
+  float* partial;          // [chunk][R][S][C]
+  int64_t chunk_rows;      // output rows (over the batch) a chunk
+};
+
+// One run of kP pixels from ow0: xrow the input row its kernel row reads,
+// gorow its grad_output row, both at channel c0. kEdge: the run reaches
+// past the input's ends or the output row's; columns outside the input read
+// as zeros and pixels past the row are skipped, not multiplied by zeros (an
+// input pixel no tap reads could be infinite).
+template <typename T, int kS, bool kEdge>
+__attribute__((always_inline)) inline void dw_wgrad_nhwc_run(const ConvParams& p,
+                                                             const float* xrow,
+                                                             const float* gorow, int64_t ow0,
+                                                             typename Vectors<T>::vec* acc) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+  constexpr int kP = T::kOW;
+  const int64_t C = p.out_channels;
+  const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
+  vec g[kP];
+  for (int j = 0; j < kP; ++j)
+    g[j] = !kEdge || j < npix ? *reinterpret_cast<const unaligned*>(gorow + (ow0 + j) * C)
+                              : vec{};
+  const int64_t iw0 = ow0 - p.pad_w;
+#pragma GCC unroll 32
+  for (int i = 0; i < kP + kS - 1; ++i) {
+    const int64_t iw = iw0 + i;
+    const vec xv = !kEdge || (iw >= 0 && iw < p.in_w)
+                       ? *reinterpret_cast<const unaligned*>(xrow + iw * C)
+                       : vec{};
+    // Input column i is tap s of the run's pixel i - s.
+#pragma GCC unroll 8
+    for (int s = 0; s < kS; ++s)
+      if (i - s >= 0 && i - s < kP && (!kEdge || i - s < npix)) acc[s] += g[i - s] * xv;
+  }
+}
+
+template <typename T, int kS>
+__attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwcProblem& a,
+                                                               int64_t chunk, int64_t c0) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+  constexpr int kP = T::kOW;
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  const int64_t t0 = chunk * a.chunk_rows;
+  const int64_t t1 = std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h);
+  for (int64_t r = 0; r < p.kernel_h; ++r) {
+    vec acc[kS];
+    for (int s = 0; s < kS; ++s) acc[s] = vec{};
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / p.out_h, oh = t % p.out_h;
+      const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+      if (ih < 0 || ih >= p.in_h) continue;
+      const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + c0;
+      const float* gorow = a.go + t * p.out_w * C + c0;
+      for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+        const int64_t iw0 = ow0 - p.pad_w;
+        if (iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w) {
+          dw_wgrad_nhwc_run<T, kS, true>(p, xrow, gorow, ow0, acc);
+        } else {
+          dw_wgrad_nhwc_run<T, kS, false>(p, xrow, gorow, ow0, acc);
+        }
+      }
+    }
+    for (int s = 0; s < kS; ++s)
+      *reinterpret_cast<unaligned*>(a.partial + ((chunk * p.kernel_h + r) * kS + s) * C + c0) =
+          acc[s];
+  }
+}
+
+// Channel c (past the last full vector) of a chunk, one at a time, in the
+// same order.
+inline void dw_wgrad_nhwc_tail(const DwWgradNhwcProblem& a, int64_t chunk, int64_t c) {
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  const int64_t t0 = chunk * a.chunk_rows;
+  const int64_t t1 = std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h);
+  for (int64_t r = 0; r < p.kernel_h; ++r)
+    for (int64_t s = 0; s < p.kernel_w; ++s) {
+      float sum = 0.f;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n = t / p.out_h, oh = t % p.out_h;
+        const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+        if (ih < 0 || ih >= p.in_h) continue;
+        for (int64_t ow = 0; ow < p.out_w; ++ow) {
+          const int64_t iw = ow - p.pad_w + s;
+          if (iw >= 0 && iw < p.in_w)
+            sum += a.go[(t * p.out_w + ow) * C + c] * a.x[((n * p.in_h + ih) * p.in_w + iw) * C + c];
+        }
+      }
+      a.partial[((chunk * p.kernel_h + r) * p.kernel_w + s) * C + c] = sum;
+    }
+}
+
+// Task t: chunk t / blocks, block t % blocks of the channels (the last
+// block, where the channels leave a tail, the tail's channels).
+template <typename T>
+__attribute__((always_inline)) inline void dw_wgrad_nhwc_range(const DwWgradNhwcProblem& a,
+                                                               int64_t begin, int64_t end) {
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels, full = C - C % T::kVL;
+  const int64_t blocks = full / T::kVL + (full < C ? 1 : 0);
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t chunk = t / blocks, c0 = (t % blocks) * T::kVL;
+    if (c0 >= full) {
+      for (int64_t c = full; c < C; ++c) dw_wgrad_nhwc_tail(a, chunk, c);
+    } else if (p.kernel_w == 3) {
+      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0);
+    } else if (p.kernel_w == 5) {
+      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0);
+    } else {
+      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0);
+    }
+  }
+}
+CONV2D_EXT_ISA_VARIANTS(dw_wgrad_nhwc, DwWgradNhwcProblem, dw_wgrad_nhwc_range)
 
 // ---- narrow forward (few output channels per group, unit column stride):
 // a task is one output row of one image and group; per block of up to
@@ -978,6 +1187,36 @@ void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, c
   auto* run = pick(isa(), &dw_nhwc_avx512, &dw_nhwc_avx2, &dw_nhwc_baseline);
   at::parallel_for(0, p.batch * p.out_h, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+bool depthwise_wgrad_nhwc_fits(const ConvParams& p) {
+  return depthwise_nhwc_fits(p) && p.stride_w == 1 && p.dilation_w == 1 &&
+         (p.kernel_w == 3 || p.kernel_w == 5 || p.kernel_w == 7);
+}
+
+void wgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const float* x,
+                          float* grad_w) {
+  const Isa i = isa();
+  const int64_t vl = pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
+  const int64_t C = p.out_channels, taps = p.taps(), rows = p.batch * p.out_h;
+  const int64_t full = C - C % vl, blocks = full / vl + (full < C ? 1 : 0);
+  // Chunks of about kChunkPixels pixels, whatever the thread count.
+  constexpr int64_t kChunkPixels = 1024;
+  const int64_t chunk_rows = std::max<int64_t>(1, kChunkPixels / p.out_w);
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  std::vector<float> partial(size_t(chunks * taps * C));
+  const DwWgradNhwcProblem a{p, x, grad_out, partial.data(), chunk_rows};
+  auto* run = pick(i, &dw_wgrad_nhwc_avx512, &dw_wgrad_nhwc_avx2, &dw_wgrad_nhwc_baseline);
+  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
+  // grad_w [C][R*S]: each weight the sum of its chunks' sums, in chunk order.
+  at::parallel_for(0, C, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      for (int64_t t = 0; t < taps; ++t) {
+        float sum = 0.f;
+        for (int64_t k = 0; k < chunks; ++k) sum += partial[size_t((k * taps + t) * C + c)];
+        grad_w[c * taps + t] = sum;
+      }
+  });
 }
 
 bool narrow_fits(const ConvParams& p) { return p.stride_w == 1; }
