@@ -506,6 +506,8 @@ __attribute__((always_inline)) inline void dw_nhwc_block(const DwNhwcProblem& a,
 // rather than one; the row's kS weight vectors are loaded once per row.
 // kEdge: the run reaches past the row's ends (or is cut short), so each
 // load checks its column and zeros outside the input.
+alignas(64) constexpr float kZeros[16] = {};  // a vector of zeros, for any ISA
+
 template <typename T, int kS, bool kEdge>
 __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, int64_t n,
                                                        int64_t oh, int64_t ow0, int64_t c0) {
@@ -522,12 +524,19 @@ __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, i
     const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
     if (ih < 0 || ih >= p.in_h) continue;
     const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + c0;
+    // The run's input pixels in turn (a pointer stepped by C: offsets
+    // i * C precomputed would not fit in the registers).
+    const float* xp = xrow + iw0 * C;
     vec wv[kS];
     for (int s = 0; s < kS; ++s) wv[s] = *reinterpret_cast<const vec_unaligned*>(a.wt + (r * kS + s) * C + c0);
 #pragma GCC unroll 32
     for (int i = 0; i < kP + kS - 1; ++i) {
       const int64_t iw = iw0 + i;
-      const vec xv = !kEdge || (iw >= 0 && iw < p.in_w) ? *reinterpret_cast<const vec_unaligned*>(xrow + iw * C) : vec{};
+      // Outside the input: a load of zeros (a select of the address, no
+      // branch).
+      const float* at = !kEdge || (iw >= 0 && iw < p.in_w) ? xp : kZeros;
+      const vec xv = *reinterpret_cast<const vec_unaligned*>(at);
+      xp += C;
       // Input column i is tap s of the run's pixel i - s.
 #pragma GCC unroll 8
       for (int s = 0; s < kS; ++s)
@@ -547,9 +556,19 @@ __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem&
                                                             int64_t oh, int64_t full) {
   constexpr int kP = T::kOW;
   const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  // The input row that the next output row is the first to read, fetched
+  // a row ahead (the other rows it reads are in cache from this one's).
+  const int64_t ih_next = (oh + 1) * p.stride_h - p.pad_h + (p.kernel_h - 1) * p.dilation_h;
+  const bool fetch = oh + 1 < p.out_h && ih_next >= 0 && ih_next < p.in_h;
   for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
     const int64_t iw0 = ow0 - p.pad_w;
     const bool edge = iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w;
+    if (fetch) {  // a 64-byte line at a time
+      const int64_t lo = std::max<int64_t>(iw0, 0), hi = std::min<int64_t>(iw0 + kP, p.in_w);
+      const float* row = a.x + ((n * p.in_h + ih_next) * p.in_w) * C;
+      for (const float* at = row + lo * C; at < row + hi * C; at += 16) __builtin_prefetch(at, 0, 3);
+    }
     for (int64_t c0 = 0; c0 < full; c0 += T::kVL) {
       if (edge) {
         dw_nhwc_run<T, kS, true>(a, n, oh, ow0, c0);
@@ -633,72 +652,122 @@ struct DwWgradNhwcProblem {
   const float *x, *go;     // [N][H][W][C], [N][P][Q][C]
   float* partial;          // [chunk][R][S][C]
   int64_t chunk_rows;      // output rows (over the batch) a chunk
+  bool fetch;              // whether the operands come from memory (prefetched)
 };
 
-// One run of kP pixels from ow0: xrow the input row its kernel row reads,
-// gorow its grad_output row, both at channel c0. kEdge: the run reaches
-// past the input's ends or the output row's; columns outside the input read
-// as zeros and pixels past the row are skipped, not multiplied by zeros (an
-// input pixel no tap reads could be infinite).
-template <typename T, int kS, bool kEdge>
-__attribute__((always_inline)) inline void dw_wgrad_nhwc_run(const ConvParams& p,
-                                                             const float* xrow,
-                                                             const float* gorow, int64_t ow0,
-                                                             typename Vectors<T>::vec* acc) {
+// Kernel rows a pass takes together: each run's grad_output vectors serve
+// all of them, and their kRows x kS sums are that many independent chains
+// of multiply-adds (one row's kS alone would wait on the adds' latency);
+// within the registers beside the run's kP vectors of grad_output.
+template <typename T, int kS>
+constexpr int wgrad_rows() {
+  constexpr int regs = T::kVL == 16 ? 32 : 16;
+  return std::max(1, std::min(3, (regs - T::kOW - 2) / kS));
+}
+
+// One run of kP pixels from ow0 for kRows kernel rows: xrow[k] the input
+// row kernel row k reads (at channel c0), stepped by step[k] floats a
+// column (0 for a row outside the input: xrow[k] is then kZeros); gorow
+// the grad_output row at c0. kEdge: the run reaches past the input's ends
+// or the output row's; columns outside the input read as zeros and pixels
+// past the row are skipped, not multiplied by zeros (an input pixel no tap
+// reads could be infinite).
+template <typename T, int kS, int kRows, bool kEdge>
+__attribute__((always_inline)) inline void dw_wgrad_nhwc_run(
+    const ConvParams& p, const float* const* xrow, const int64_t* step, const float* gorow,
+    int64_t ow0, typename Vectors<T>::vec (*acc)[kS]) {
   typedef typename Vectors<T>::vec vec;
   typedef typename Vectors<T>::unaligned unaligned;
   constexpr int kP = T::kOW;
   const int64_t C = p.out_channels;
   const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
   vec g[kP];
-  for (int j = 0; j < kP; ++j)
-    g[j] = !kEdge || j < npix ? *reinterpret_cast<const unaligned*>(gorow + (ow0 + j) * C)
-                              : vec{};
+  const float* gp = gorow + ow0 * C;
+  for (int j = 0; j < kP; ++j, gp += C)
+    g[j] = !kEdge || j < npix ? *reinterpret_cast<const unaligned*>(gp) : vec{};
   const int64_t iw0 = ow0 - p.pad_w;
+  const float* xp[kRows];
+  for (int k = 0; k < kRows; ++k) xp[k] = xrow[k] + iw0 * step[k];
 #pragma GCC unroll 32
   for (int i = 0; i < kP + kS - 1; ++i) {
     const int64_t iw = iw0 + i;
-    const vec xv = !kEdge || (iw >= 0 && iw < p.in_w)
-                       ? *reinterpret_cast<const unaligned*>(xrow + iw * C)
-                       : vec{};
-    // Input column i is tap s of the run's pixel i - s.
+#pragma GCC unroll 4
+    for (int k = 0; k < kRows; ++k) {
+      const float* at = !kEdge || (iw >= 0 && iw < p.in_w) ? xp[k] : kZeros;
+      const vec xv = *reinterpret_cast<const unaligned*>(at);
+      xp[k] += step[k];
+      // Input column i is tap s of the run's pixel i - s.
 #pragma GCC unroll 8
-    for (int s = 0; s < kS; ++s)
-      if (i - s >= 0 && i - s < kP && (!kEdge || i - s < npix)) acc[s] += g[i - s] * xv;
+      for (int s = 0; s < kS; ++s)
+        if (i - s >= 0 && i - s < kP && (!kEdge || i - s < npix)) acc[k][s] += g[i - s] * xv;
+    }
   }
 }
 
 template <typename T, int kS>
 __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwcProblem& a,
-                                                               int64_t chunk, int64_t c0) {
+                                                               int64_t chunk, int64_t c0,
+                                                               bool first) {
   typedef typename Vectors<T>::vec vec;
   typedef typename Vectors<T>::unaligned unaligned;
-  constexpr int kP = T::kOW;
+  constexpr int kP = T::kOW, kRows = wgrad_rows<T, kS>();
   const ConvParams& p = a.p;
   const int64_t C = p.out_channels;
   const int64_t t0 = chunk * a.chunk_rows;
   const int64_t t1 = std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h);
-  for (int64_t r = 0; r < p.kernel_h; ++r) {
-    vec acc[kS];
-    for (int s = 0; s < kS; ++s) acc[s] = vec{};
+  for (int64_t r0 = 0; r0 < p.kernel_h; r0 += kRows) {
+    vec acc[kRows][kS];
+    for (int k = 0; k < kRows; ++k)
+      for (int s = 0; s < kS; ++s) acc[k][s] = vec{};
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n = t / p.out_h, oh = t % p.out_h;
-      const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
-      if (ih < 0 || ih >= p.in_h) continue;
-      const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + c0;
+      // Rows past the kernel's or outside the input read zeros (kernel
+      // rows past the last are summed and dropped).
+      const float* xrow[kRows];
+      int64_t step[kRows];
+      bool any = false;
+      for (int k = 0; k < kRows; ++k) {
+        const int64_t ih = oh * p.stride_h - p.pad_h + (r0 + k) * p.dilation_h;
+        const bool in = r0 + k < p.kernel_h && ih >= 0 && ih < p.in_h;
+        xrow[k] = in ? a.x + ((n * p.in_h + ih) * p.in_w) * C + c0 : kZeros;
+        step[k] = in ? C : 0;
+        any = any || in;
+      }
+      if (!any) continue;
       const float* gorow = a.go + t * p.out_w * C + c0;
+      // A thread's first pass over a chunk (its first channel vector, first
+      // kernel rows) fetches the next row's pixels whole, every channel, for
+      // it and the chunk's later passes (each pass alone reads one line of
+      // a pixel's channels, a stride the memory serves slowly).
+      const bool fetch = a.fetch && first && r0 == 0 && t + 1 < t1;
+      const int64_t oh_next = (t + 1) % p.out_h, n_next = (t + 1) / p.out_h;
+      const int64_t ih_next = oh_next * p.stride_h - p.pad_h +
+                              (std::min<int64_t>(kRows, p.kernel_h) - 1) * p.dilation_h;
+      const float* gnext = a.go + (t + 1) * p.out_w * C;
+      const float* xnext = a.x + ((n_next * p.in_h + ih_next) * p.in_w) * C;
+      const bool fetch_x = fetch && ih_next >= 0 && ih_next < p.in_h;
       for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+        if (fetch) {
+          const int64_t hi = std::min<int64_t>(ow0 + kP, p.out_w) * C;
+          for (int64_t f = ow0 * C; f < hi; f += 16) __builtin_prefetch(gnext + f, 0, 3);
+          if (fetch_x) {
+            const int64_t lo = std::max<int64_t>(ow0 - p.pad_w, 0) * C;
+            const int64_t xhi = std::min<int64_t>(ow0 - p.pad_w + kP, p.in_w) * C;
+            for (int64_t f = lo; f < xhi; f += 16) __builtin_prefetch(xnext + f, 0, 3);
+          }
+        }
         const int64_t iw0 = ow0 - p.pad_w;
         if (iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w) {
-          dw_wgrad_nhwc_run<T, kS, true>(p, xrow, gorow, ow0, acc);
+          dw_wgrad_nhwc_run<T, kS, kRows, true>(p, xrow, step, gorow, ow0, acc);
         } else {
-          dw_wgrad_nhwc_run<T, kS, false>(p, xrow, gorow, ow0, acc);
+          dw_wgrad_nhwc_run<T, kS, kRows, false>(p, xrow, step, gorow, ow0, acc);
         }
       }
     }
-    for (int s = 0; s < kS; ++s)
-      *reinterpret_cast<unaligned*>(a.partial + ((chunk * p.kernel_h + r) * kS + s) * C + c0) =
-          acc[s];
+    for (int k = 0; k < kRows && r0 + k < p.kernel_h; ++k)
+      for (int s = 0; s < kS; ++s)
+        *reinterpret_cast<unaligned*>(a.partial + ((chunk * p.kernel_h + r0 + k) * kS + s) * C +
+                                      c0) = acc[k][s];
   }
 }
 
@@ -736,14 +805,15 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_range(const DwWgradNhwc
   const int64_t blocks = full / T::kVL + (full < C ? 1 : 0);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t chunk = t / blocks, c0 = (t % blocks) * T::kVL;
+    const bool first = t == begin || c0 == 0;  // the range's first pass over the chunk
     if (c0 >= full) {
       for (int64_t c = full; c < C; ++c) dw_wgrad_nhwc_tail(a, chunk, c);
     } else if (p.kernel_w == 3) {
-      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0);
+      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0, first);
     } else if (p.kernel_w == 5) {
-      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0);
+      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0, first);
     } else {
-      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0);
+      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0, first);
     }
   }
 }
@@ -1205,7 +1275,11 @@ void wgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const floa
   const int64_t chunk_rows = std::max<int64_t>(1, kChunkPixels / p.out_w);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
   std::vector<float> partial(size_t(chunks * taps * C));
-  const DwWgradNhwcProblem a{p, x, grad_out, partial.data(), chunk_rows};
+  // Operands past a core's L2 cache (about 1 MiB) come from memory.
+  constexpr int64_t kCacheBytes = int64_t(1) << 20;
+  const bool fetch = int64_t(sizeof(float)) * C *
+                         (p.batch * (p.in_h * p.in_w + p.out_h * p.out_w)) > kCacheBytes;
+  const DwWgradNhwcProblem a{p, x, grad_out, partial.data(), chunk_rows, fetch};
   auto* run = pick(i, &dw_wgrad_nhwc_avx512, &dw_wgrad_nhwc_avx2, &dw_wgrad_nhwc_baseline);
   at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
   // grad_w [C][R*S]: each weight the sum of its chunks' sums, in chunk order.
