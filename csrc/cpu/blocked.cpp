@@ -911,9 +911,14 @@ struct NarrowWgradProblem {
   int64_t hp, wq;
 };
 
+// `go`: output channel k's grad_output plane of image 0, rows wr floats
+// apart (wr >= out_w: where a row ends inside a vector, zeros up to the
+// vector's end), images `image` floats apart.
 template <typename T>
 __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProblem& a, int64_t k,
-                                                         int64_t e0, int64_t count) {
+                                                         const float* go, int64_t wr,
+                                                         int64_t image, int64_t e0,
+                                                         int64_t count) {
   typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
   typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
   constexpr int kVL = T::kVL;
@@ -934,9 +939,9 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
   typedef int ivec __attribute__((vector_size(T::kVL * sizeof(int))));
   vec acc[kWgradEntries];
   for (int t = 0; t < kWgradEntries; ++t) acc[t] = vec{};
-  // A row's last, partial vector: grad_output copied with zeros past the
-  // row, and the input there selected away (0 times an input pixel no tap
-  // reads, maybe infinite, would be NaN).
+  // A row's last, partial vector: grad_output has zeros past the row, and
+  // the input there is selected away (0 times an input pixel no tap reads,
+  // maybe infinite, would be NaN).
   const int64_t full = p.out_w - p.out_w % kVL;
   ivec keep;
   {
@@ -946,9 +951,9 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
   }
   for (int64_t n = 0; n < p.batch; ++n) {
     const float* xplane = a.xpad + (n * p.in_channels + c0) * a.hp * row;
-    const float* goplane = a.go + (n * p.out_channels + k) * p.out_h * p.out_w;
+    const float* goplane = go + n * image;
     for (int64_t oh = 0; oh < p.out_h; ++oh) {
-      const float* grow = goplane + oh * p.out_w;
+      const float* grow = goplane + oh * wr;
       const float* xrow = xplane + oh * p.stride_h * row;
       for (int64_t ow0 = 0; ow0 < full; ow0 += kVL) {
         const vec gv = *reinterpret_cast<const vec_unaligned*>(grow + ow0);
@@ -957,10 +962,7 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
           acc[t] += gv * *reinterpret_cast<const vec_unaligned*>(xrow + ow0 + off[t]);
       }
       if (full < p.out_w) {
-        float tail[kVL] = {};
-        std::memcpy(tail, grow + full, size_t(p.out_w - full) * sizeof(float));
-        vec gv;
-        std::memcpy(&gv, tail, sizeof(gv));
+        const vec gv = *reinterpret_cast<const vec_unaligned*>(grow + full);
 #pragma GCC unroll 16
         for (int t = 0; t < kWgradEntries; ++t) {
           const vec xv = *reinterpret_cast<const vec_unaligned*>(xrow + full + off[t]);
@@ -981,10 +983,30 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
 template <typename T>
 __attribute__((always_inline)) inline void narrow_wgrad_range(const NarrowWgradProblem& a,
                                                               int64_t begin, int64_t end) {
-  const int64_t entries = a.p.in_channels_per_group() * a.p.taps();
-  for (int64_t k = begin; k < end; ++k)
+  const ConvParams& p = a.p;
+  const int64_t entries = p.in_channels_per_group() * p.taps();
+  // Where a row ends inside a vector, each task copies its channel's
+  // grad_output with zeros past every row once, rather than each entry
+  // pass building every row's last vector.
+  const int64_t plane = p.out_h * p.out_w;
+  const int64_t wr = (p.out_w + T::kVL - 1) / T::kVL * T::kVL;
+  std::vector<float> padded(wr == p.out_w ? 0 : size_t(p.batch * p.out_h * wr), 0.f);
+  for (int64_t k = begin; k < end; ++k) {
+    const float* go = a.go + k * plane;
+    int64_t image = p.out_channels * plane;
+    if (wr != p.out_w) {
+      for (int64_t n = 0; n < p.batch; ++n)
+        for (int64_t oh = 0; oh < p.out_h; ++oh)
+          std::memcpy(padded.data() + (n * p.out_h + oh) * wr,
+                      a.go + (n * p.out_channels + k) * plane + oh * p.out_w,
+                      size_t(p.out_w) * sizeof(float));
+      go = padded.data();
+      image = p.out_h * wr;
+    }
     for (int64_t e0 = 0; e0 < entries; e0 += kWgradEntries)
-      wgrad_entries<T>(a, k, e0, std::min<int64_t>(kWgradEntries, entries - e0));
+      wgrad_entries<T>(a, k, go, wr, image, e0,
+                       std::min<int64_t>(kWgradEntries, entries - e0));
+  }
 }
 CONV2D_EXT_ISA_VARIANTS(narrow_wgrad, NarrowWgradProblem, narrow_wgrad_range)
 
