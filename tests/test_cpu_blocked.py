@@ -249,7 +249,8 @@ def _depthwise(case, seed=6, layout="nchw"):
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_depthwise_against_float64(isa_name, case, layout):
     """NCHW, and channels_last on its own kernel (channels in vectors, taps
-    in the padding skipped) where one output channel per input channel."""
+    in the padding skipped) where one output channel per input channel and
+    at least a vector of them (else on NCHW copies)."""
     n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, c, h, w_, generator=g)
@@ -260,7 +261,10 @@ def test_depthwise_against_float64(isa_name, case, layout):
         x = x.to(memory_format=torch.channels_last)
     with isa(isa_name):
         assert ops._algorithm("forward", *_args(x, w, kw)) == "cpu_depthwise"
+        report = ops._kernel("forward", *_args(x, w, kw), 0)
         y = conv2d_ext.conv2d(x, w, b, **kw)
+    assert ("layout=nhwc" in report) == (
+        layout == "channels_last" and _depthwise_nhwc(report, c, mult)), report
     if layout == "channels_last":
         assert y.is_contiguous(memory_format=torch.channels_last)
     y64 = reference(x, w, b, stride, padding, dilation, c)
@@ -338,12 +342,22 @@ def test_few_pixels_bound():
                           1) == "cpu_blocked"
 
 
-def _depthwise_nhwc_wgrad(ks, stride, dilation, mult):
-    """Whether channels_last depthwise wgrad runs on the channels_last
-    operands: one output channel per input channel, unit column stride and
-    dilation, 3, 5 or 7 columns of taps."""
+VECTOR_FLOATS = {"avx512": 16, "avx2": 8, "default": 4}
+
+
+def _depthwise_nhwc(report, channels, mult):
+    """Whether a channels_last depthwise forward (or unit-stride dgrad) runs
+    on the channels_last operands: one output channel per input channel, at
+    least one vector of them on the instruction set the report names."""
+    return mult == 1 and channels >= VECTOR_FLOATS[report.split("isa=")[1].split()[0]]
+
+
+def _depthwise_nhwc_wgrad(report, channels, ks, stride, dilation, mult):
+    """The same for wgrad, which also needs unit column stride and dilation
+    and 3, 5 or 7 columns of taps."""
     pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
-    return mult == 1 and pair(stride)[1] == 1 and pair(dilation)[1] == 1 and ks[1] in (3, 5, 7)
+    return (_depthwise_nhwc(report, channels, mult) and pair(stride)[1] == 1
+            and pair(dilation)[1] == 1 and ks[1] in (3, 5, 7))
 
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
@@ -371,9 +385,10 @@ def test_depthwise_backward_against_float64(isa_name, case, layout):
             "cpu_depthwise" if unit and mult == 1 else "direct")
         report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
         assert ("layout=nhwc" in report) == (
-            cl and _depthwise_nhwc_wgrad(ks, stride, dilation, mult)), report
+            cl and _depthwise_nhwc_wgrad(report, c, ks, stride, dilation, mult)), report
         report = ops._kernel("backward_input", *_args(x, w, kw), 0)
-        assert ("layout=nhwc" in report) == (cl and unit and mult == 1), report
+        assert ("layout=nhwc" in report) == (
+            cl and unit and _depthwise_nhwc(report, c, mult)), report
         y, gx, gw, gy = _all_passes(x, w, None, kw)
     if cl:
         assert gx.is_contiguous(memory_format=torch.channels_last)

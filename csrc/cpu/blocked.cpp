@@ -549,11 +549,11 @@ __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, i
         acc[j];
 }
 
-// A row's runs of kP pixels, every full vector of channels of each before
-// the next (the run's inputs stay in L1 across its channel vectors).
+// A row's runs of kP pixels, every vector of channels of each before the
+// next (the run's inputs stay in L1 across its channel vectors).
 template <typename T, int kS>
 __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem& a, int64_t n,
-                                                            int64_t oh, int64_t full) {
+                                                            int64_t oh) {
   constexpr int kP = T::kOW;
   const ConvParams& p = a.p;
   const int64_t C = p.out_channels;
@@ -569,7 +569,10 @@ __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem&
       const float* row = a.x + ((n * p.in_h + ih_next) * p.in_w) * C;
       for (const float* at = row + lo * C; at < row + hi * C; at += 16) __builtin_prefetch(at, 0, 3);
     }
-    for (int64_t c0 = 0; c0 < full; c0 += T::kVL) {
+    // Channels past the last full vector: the vector ending at the last
+    // channel, which computes its first lanes again, to the same bits.
+    for (int64_t v = 0; v * T::kVL < C; ++v) {
+      const int64_t c0 = std::min<int64_t>(v * T::kVL, C - T::kVL);
       if (edge) {
         dw_nhwc_run<T, kS, true>(a, n, oh, ow0, c0);
       } else {
@@ -579,27 +582,9 @@ __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem&
   }
 }
 
-// Channels past the last full vector, one at a time.
-inline void dw_nhwc_tail(const DwNhwcProblem& a, int64_t n, int64_t oh, int64_t ow,
-                         int64_t c0) {
-  const ConvParams& p = a.p;
-  const int64_t C = p.out_channels;
-  for (int64_t c = c0; c < C; ++c) {
-    float acc = a.bias ? a.bias[c] : 0.f;
-    for (int64_t r = 0; r < p.kernel_h; ++r) {
-      const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
-      if (ih < 0 || ih >= p.in_h) continue;
-      for (int64_t s = 0; s < p.kernel_w; ++s) {
-        const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
-        if (iw < 0 || iw >= p.in_w) continue;
-        acc += a.x[((n * p.in_h + ih) * p.in_w + iw) * C + c] *
-               a.wt[(r * p.kernel_w + s) * C + c];
-      }
-    }
-    a.y[((n * p.out_h + oh) * p.out_w + ow) * C + c] = acc;
-  }
-}
-
+// At least one vector of channels (depthwise_nhwc_fits); channels past the
+// last full vector are taken by the vector ending at the last channel,
+// which computes its first lanes again, to the same bits.
 template <typename T>
 __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a, int64_t begin,
                                                          int64_t end) {
@@ -610,14 +595,12 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
     const int64_t n = t / p.out_h, oh = t % p.out_h;
     if (runs && (p.kernel_w == 3 || p.kernel_w == 5 || p.kernel_w == 7)) {
       if (p.kernel_w == 3) {
-        dw_nhwc_row_runs<T, 3>(a, n, oh, full);
+        dw_nhwc_row_runs<T, 3>(a, n, oh);
       } else if (p.kernel_w == 5) {
-        dw_nhwc_row_runs<T, 5>(a, n, oh, full);
+        dw_nhwc_row_runs<T, 5>(a, n, oh);
       } else {
-        dw_nhwc_row_runs<T, 7>(a, n, oh, full);
+        dw_nhwc_row_runs<T, 7>(a, n, oh);
       }
-      if (full < C)
-        for (int64_t ow = 0; ow < p.out_w; ++ow) dw_nhwc_tail(a, n, oh, ow, full);
       continue;
     }
     for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kDwPixels) {
@@ -625,9 +608,7 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
       for (; c0 + 4 * T::kVL <= full; c0 += 4 * T::kVL) dw_nhwc_block<T, 4>(a, n, oh, ow0, c0);
       for (; c0 + 2 * T::kVL <= full; c0 += 2 * T::kVL) dw_nhwc_block<T, 2>(a, n, oh, ow0, c0);
       for (; c0 < full; c0 += T::kVL) dw_nhwc_block<T, 1>(a, n, oh, ow0, c0);
-      if (full < C)
-        for (int64_t ow = ow0; ow < std::min<int64_t>(ow0 + kDwPixels, p.out_w); ++ow)
-          dw_nhwc_tail(a, n, oh, ow, full);
+      if (full < C) dw_nhwc_block<T, 1>(a, n, oh, ow0, C - T::kVL);
     }
   }
 }
@@ -704,10 +685,13 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_run(
   }
 }
 
+// The vector of channels from c0, storing lanes lane0 on (the lanes below
+// are another task's: the vector ending at the last channel overlaps the
+// one before it).
 template <typename T, int kS>
 __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwcProblem& a,
                                                                int64_t chunk, int64_t c0,
-                                                               bool first) {
+                                                               int64_t lane0, bool first) {
   typedef typename Vectors<T>::vec vec;
   typedef typename Vectors<T>::unaligned unaligned;
   constexpr int kP = T::kOW, kRows = wgrad_rows<T, kS>();
@@ -765,55 +749,34 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwc
       }
     }
     for (int k = 0; k < kRows && r0 + k < p.kernel_h; ++k)
-      for (int s = 0; s < kS; ++s)
-        *reinterpret_cast<unaligned*>(a.partial + ((chunk * p.kernel_h + r0 + k) * kS + s) * C +
-                                      c0) = acc[k][s];
+      for (int s = 0; s < kS; ++s) {
+        float* out = a.partial + ((chunk * p.kernel_h + r0 + k) * kS + s) * C + c0;
+        if (lane0 == 0) {
+          *reinterpret_cast<unaligned*>(out) = acc[k][s];
+        } else {
+          for (int64_t l = lane0; l < T::kVL; ++l) out[l] = acc[k][s][l];
+        }
+      }
   }
 }
 
-// Channel c (past the last full vector) of a chunk, one at a time, in the
-// same order.
-inline void dw_wgrad_nhwc_tail(const DwWgradNhwcProblem& a, int64_t chunk, int64_t c) {
-  const ConvParams& p = a.p;
-  const int64_t C = p.out_channels;
-  const int64_t t0 = chunk * a.chunk_rows;
-  const int64_t t1 = std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h);
-  for (int64_t r = 0; r < p.kernel_h; ++r)
-    for (int64_t s = 0; s < p.kernel_w; ++s) {
-      float sum = 0.f;
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n = t / p.out_h, oh = t % p.out_h;
-        const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
-        if (ih < 0 || ih >= p.in_h) continue;
-        for (int64_t ow = 0; ow < p.out_w; ++ow) {
-          const int64_t iw = ow - p.pad_w + s;
-          if (iw >= 0 && iw < p.in_w)
-            sum += a.go[(t * p.out_w + ow) * C + c] * a.x[((n * p.in_h + ih) * p.in_w + iw) * C + c];
-        }
-      }
-      a.partial[((chunk * p.kernel_h + r) * p.kernel_w + s) * C + c] = sum;
-    }
-}
-
-// Task t: chunk t / blocks, block t % blocks of the channels (the last
-// block, where the channels leave a tail, the tail's channels).
+// Task t: chunk t / blocks, vector t % blocks of the channels; at least one
+// vector (depthwise_nhwc_fits), the last ending at the last channel.
 template <typename T>
 __attribute__((always_inline)) inline void dw_wgrad_nhwc_range(const DwWgradNhwcProblem& a,
                                                                int64_t begin, int64_t end) {
   const ConvParams& p = a.p;
-  const int64_t C = p.out_channels, full = C - C % T::kVL;
-  const int64_t blocks = full / T::kVL + (full < C ? 1 : 0);
+  const int64_t C = p.out_channels, blocks = (C + T::kVL - 1) / T::kVL;
   for (int64_t t = begin; t < end; ++t) {
-    const int64_t chunk = t / blocks, c0 = (t % blocks) * T::kVL;
-    const bool first = t == begin || c0 == 0;  // the range's first pass over the chunk
-    if (c0 >= full) {
-      for (int64_t c = full; c < C; ++c) dw_wgrad_nhwc_tail(a, chunk, c);
-    } else if (p.kernel_w == 3) {
-      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0, first);
+    const int64_t chunk = t / blocks, b = t % blocks;
+    const int64_t c0 = std::min<int64_t>(b * T::kVL, C - T::kVL), lane0 = b * T::kVL - c0;
+    const bool first = t == begin || b == 0;  // the range's first pass over the chunk
+    if (p.kernel_w == 3) {
+      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0, lane0, first);
     } else if (p.kernel_w == 5) {
-      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0, first);
+      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0, lane0, first);
     } else {
-      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0, first);
+      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0, lane0, first);
     }
   }
 }
@@ -1265,7 +1228,11 @@ void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const 
 }
 
 bool depthwise_nhwc_fits(const ConvParams& p) {
-  return depthwise_fits(p) && p.out_channels == p.in_channels;
+  // At least a vector of channels: the kernels take the channels past the
+  // last full vector as the vector ending at the last channel.
+  const Isa i = isa();
+  return depthwise_fits(p) && p.out_channels == p.in_channels &&
+         p.out_channels >= pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
 }
 
 void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
@@ -1291,7 +1258,7 @@ void wgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const floa
   const Isa i = isa();
   const int64_t vl = pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
   const int64_t C = p.out_channels, taps = p.taps(), rows = p.batch * p.out_h;
-  const int64_t full = C - C % vl, blocks = full / vl + (full < C ? 1 : 0);
+  const int64_t blocks = (C + vl - 1) / vl;
   // Chunks of about kChunkPixels pixels, whatever the thread count.
   constexpr int64_t kChunkPixels = 1024;
   const int64_t chunk_rows = std::max<int64_t>(1, kChunkPixels / p.out_w);
