@@ -229,6 +229,10 @@ DEPTHWISE = {
     "3x3_two_chunks": (1, 48, 40, 37, 1, (3, 3), 1, 1, 1, False),
     # Padding of the kernel's whole reach: every run of a row at an edge.
     "3x3_pad_2": (2, 16, 6, 5, 1, (3, 3), 1, 2, 1, True),
+    # Odd output rows: channels_last forwards by pairs of rows end on a
+    # single row (5 and 7 columns: pairs with AVX-512, single rows else).
+    "5x5_odd_rows": (1, 32, 13, 20, 1, (5, 5), 1, 2, 1, True),
+    "7x7_odd_rows_batch_2": (2, 24, 11, 12, 1, (7, 7), 1, 3, 1, False),
 }
 
 

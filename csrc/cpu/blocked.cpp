@@ -460,6 +460,7 @@ struct DwNhwcProblem {
   const ConvParams& p;
   const float *x, *wt, *bias;  // x [N][H][W][C]; wt [R*S][C]
   float* y;                    // [N][P][Q][C]
+  bool pairs;                  // tasks of two rows (dw_nhwc_pair_runs)
 };
 
 template <typename T, int kCV>
@@ -508,6 +509,12 @@ __attribute__((always_inline)) inline void dw_nhwc_block(const DwNhwcProblem& a,
 // load checks its column and zeros outside the input.
 alignas(64) constexpr float kZeros[16] = {};  // a vector of zeros, for any ISA
 
+template <typename T>
+struct Vectors {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+};
+
 template <typename T, int kS, bool kEdge>
 __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, int64_t n,
                                                        int64_t oh, int64_t ow0, int64_t c0) {
@@ -547,6 +554,102 @@ __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, i
   for (int64_t j = 0; j < npix; ++j)
     *reinterpret_cast<vec_unaligned*>(a.y + ((n * p.out_h + oh) * p.out_w + ow0 + j) * C + c0) =
         acc[j];
+}
+
+// Two output rows at once (unit row stride and dilation): the kernel rows'
+// window over the input is R + 1 rows, input row k feeding kernel row k of
+// the first output row and k - 1 of the second, so each input pixel's
+// vector is loaded once for both (two thirds of the loads of two single
+// rows, 3x3). kUse: bit q set where output row q takes this input row.
+template <typename T, int kS, int kP, int kUse, bool kEdge>
+__attribute__((always_inline)) inline void dw_nhwc_pair_columns(
+    const float* xp, int64_t iw0, int64_t in_w, int64_t C, const typename Vectors<T>::vec* w0,
+    const typename Vectors<T>::vec* w1, typename Vectors<T>::vec (*acc)[kP]) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+#pragma GCC unroll 32
+  for (int i = 0; i < kP + kS - 1; ++i) {
+    const int64_t iw = iw0 + i;
+    const float* at = !kEdge || (iw >= 0 && iw < in_w) ? xp : kZeros;
+    const vec xv = *reinterpret_cast<const unaligned*>(at);
+    xp += C;
+#pragma GCC unroll 8
+    for (int s = 0; s < kS; ++s)
+      if (i - s >= 0 && i - s < kP) {
+        if (kUse & 1) acc[0][i - s] += xv * w0[s];
+        if (kUse & 2) acc[1][i - s] += xv * w1[s];
+      }
+  }
+}
+
+// Output rows oh and oh + 1 (both in the plane), kP pixels from ow0, one
+// vector of channels from c0.
+template <typename T, int kS, int kP, bool kEdge>
+__attribute__((always_inline)) inline void dw_nhwc_pair_run(const DwNhwcProblem& a, int64_t n,
+                                                            int64_t oh, int64_t ow0, int64_t c0) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  vec acc[2][kP];
+  const vec b = a.bias ? *reinterpret_cast<const unaligned*>(a.bias + c0) : vec{};
+  for (int q = 0; q < 2; ++q)
+    for (int j = 0; j < kP; ++j) acc[q][j] = b;
+  const int64_t iw0 = ow0 - p.pad_w;
+  for (int64_t k = 0; k <= p.kernel_h; ++k) {
+    const int64_t ih = oh - p.pad_h + k;
+    if (ih < 0 || ih >= p.in_h) continue;
+    const float* xp = a.x + ((n * p.in_h + ih) * p.in_w + iw0) * C + c0;
+    const bool first = k < p.kernel_h, second = k >= 1;
+    vec w0[kS], w1[kS];
+    for (int s = 0; s < kS; ++s) {
+      w0[s] = first ? *reinterpret_cast<const unaligned*>(a.wt + (k * kS + s) * C + c0) : vec{};
+      w1[s] = second ? *reinterpret_cast<const unaligned*>(a.wt + ((k - 1) * kS + s) * C + c0)
+                     : vec{};
+    }
+    if (first && second) {
+      dw_nhwc_pair_columns<T, kS, kP, 3, kEdge>(xp, iw0, p.in_w, C, w0, w1, acc);
+    } else if (first) {
+      dw_nhwc_pair_columns<T, kS, kP, 1, kEdge>(xp, iw0, p.in_w, C, w0, w1, acc);
+    } else {
+      dw_nhwc_pair_columns<T, kS, kP, 2, kEdge>(xp, iw0, p.in_w, C, w0, w1, acc);
+    }
+  }
+  const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
+  for (int q = 0; q < 2; ++q)
+    for (int64_t j = 0; j < npix; ++j)
+      *reinterpret_cast<unaligned*>(a.y + ((n * p.out_h + oh + q) * p.out_w + ow0 + j) * C + c0) =
+          acc[q][j];
+}
+
+// Rows oh and oh + 1 by runs of kP pixels, every vector of channels of
+// each run before the next; the two input rows the next pair is the first
+// to read fetched a pair ahead.
+template <typename T, int kS>
+__attribute__((always_inline)) inline void dw_nhwc_pair_runs(const DwNhwcProblem& a, int64_t n,
+                                                             int64_t oh) {
+  constexpr int kP = T::kVL == 16 ? 8 : 4;
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  const int64_t ih_next = oh + 2 - p.pad_h + p.kernel_h - 1;  // and ih_next + 1
+  for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+    const int64_t iw0 = ow0 - p.pad_w;
+    const bool edge = iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w;
+    const int64_t lo = std::max<int64_t>(iw0, 0), hi = std::min<int64_t>(iw0 + kP, p.in_w);
+    for (int64_t ih = ih_next; ih < ih_next + 2; ++ih) {
+      if (oh + 2 >= p.out_h || ih < 0 || ih >= p.in_h) continue;
+      const float* row = a.x + ((n * p.in_h + ih) * p.in_w) * C;
+      for (const float* at = row + lo * C; at < row + hi * C; at += 16) __builtin_prefetch(at, 0, 3);
+    }
+    for (int64_t v = 0; v * T::kVL < C; ++v) {
+      const int64_t c0 = std::min<int64_t>(v * T::kVL, C - T::kVL);
+      if (edge) {
+        dw_nhwc_pair_run<T, kS, kP, true>(a, n, oh, ow0, c0);
+      } else {
+        dw_nhwc_pair_run<T, kS, kP, false>(a, n, oh, ow0, c0);
+      }
+    }
+  }
 }
 
 // A row's runs of kP pixels, every vector of channels of each before the
@@ -591,6 +694,28 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
   const ConvParams& p = a.p;
   const int64_t C = p.out_channels, full = C - C % T::kVL;
   const bool runs = p.stride_w == 1 && p.dilation_w == 1;
+  if (a.pairs) {  // task t: rows 2 (t % pairs) and the next, of image t / pairs
+    const int64_t pairs = (p.out_h + 1) / 2;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = t / pairs, oh = 2 * (t % pairs);
+      if (oh + 1 == p.out_h) {  // a last, single row
+        if (p.kernel_w == 3) {
+          dw_nhwc_row_runs<T, 3>(a, n, oh);
+        } else if (p.kernel_w == 5) {
+          dw_nhwc_row_runs<T, 5>(a, n, oh);
+        } else {
+          dw_nhwc_row_runs<T, 7>(a, n, oh);
+        }
+      } else if (p.kernel_w == 3) {
+        dw_nhwc_pair_runs<T, 3>(a, n, oh);
+      } else if (T::kVL == 16 && p.kernel_w == 5) {
+        dw_nhwc_pair_runs<T, 5>(a, n, oh);
+      } else if (T::kVL == 16) {
+        dw_nhwc_pair_runs<T, 7>(a, n, oh);
+      }
+    }
+    return;
+  }
   for (int64_t t = begin; t < end; ++t) {
     const int64_t n = t / p.out_h, oh = t % p.out_h;
     if (runs && (p.kernel_w == 3 || p.kernel_w == 5 || p.kernel_w == 7)) {
@@ -622,12 +747,6 @@ CONV2D_EXT_ISA_VARIANTS(dw_nhwc, DwNhwcProblem, dw_nhwc_range)
 // run is loaded once and multiplied into the taps that read it. Chunks are
 // a fixed number of rows (not a share of the threads), their sums added in
 // chunk order afterwards, so the result does not depend on the threads.
-template <typename T>
-struct Vectors {
-  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
-  typedef float unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
-};
-
 struct DwWgradNhwcProblem {
   const ConvParams& p;
   const float *x, *go;     // [N][H][W][C], [N][P][Q][C]
@@ -1242,9 +1361,16 @@ void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, c
   std::vector<float> wt(size_t(taps * C));
   for (int64_t c = 0; c < C; ++c)
     for (int64_t t = 0; t < taps; ++t) wt[size_t(t * C + c)] = w[c * taps + t];
-  const DwNhwcProblem a{p, x, wt.data(), bias, y};
-  auto* run = pick(isa(), &dw_nhwc_avx512, &dw_nhwc_avx2, &dw_nhwc_baseline);
-  at::parallel_for(0, p.batch * p.out_h, 1,
+  const Isa i = isa();
+  // Two rows a task at unit stride and dilation, where the two rows'
+  // accumulators and weights fit the registers (beyond AVX-512, 3 columns
+  // of taps).
+  const bool pairs =
+      p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 && p.dilation_w == 1 &&
+      (p.kernel_w == 3 || (i == Isa::kAvx512 && (p.kernel_w == 5 || p.kernel_w == 7)));
+  const DwNhwcProblem a{p, x, wt.data(), bias, y, pairs};
+  auto* run = pick(i, &dw_nhwc_avx512, &dw_nhwc_avx2, &dw_nhwc_baseline);
+  at::parallel_for(0, p.batch * (pairs ? (p.out_h + 1) / 2 : p.out_h), 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 
