@@ -233,6 +233,10 @@ DEPTHWISE = {
     # single row (5 and 7 columns: pairs with AVX-512, single rows else).
     "5x5_odd_rows": (1, 32, 13, 20, 1, (5, 5), 1, 2, 1, True),
     "7x7_odd_rows_batch_2": (2, 24, 11, 12, 1, (7, 7), 1, 3, 1, False),
+    # One and two input columns: every run of pixels cut short and reaching
+    # past both ends of the row.
+    "3x3_one_column": (1, 16, 100, 1, 1, (3, 3), 1, 1, 1, True),
+    "7x7_two_columns": (1, 20, 40, 2, 1, (7, 7), 1, 3, 1, False),
 }
 
 
