@@ -237,6 +237,10 @@ DEPTHWISE = {
     # past both ends of the row.
     "3x3_one_column": (1, 16, 100, 1, 1, (3, 3), 1, 1, 1, True),
     "7x7_two_columns": (1, 20, 40, 2, 1, (7, 7), 1, 3, 1, False),
+    # Operands past 1 MiB: channels_last forwards by single rows, wgrad
+    # prefetching.
+    "3x3_past_l2": (1, 32, 96, 90, 1, (3, 3), 1, 1, 1, True),
+    "5x5_past_l2": (1, 48, 70, 70, 1, (5, 5), 1, 2, 1, False),
 }
 
 
