@@ -500,13 +500,6 @@ __attribute__((always_inline)) inline void dw_nhwc_block(const DwNhwcProblem& a,
                                         v * kVL) = acc[j][v];
 }
 
-// At unit column stride and dilation with kS columns of taps: a run of
-// kP pixels of a row x one vector of channels. Each input pixel's vector
-// is loaded once per kernel row and serves every tap of that row that
-// reads it (kS of the run's pixels), so a load feeds up to kS multiply-adds
-// rather than one; the row's kS weight vectors are loaded once per row.
-// kEdge: the run reaches past the row's ends (or is cut short), so each
-// load checks its column and zeros outside the input.
 alignas(64) constexpr float kZeros[16] = {};  // a vector of zeros, for any ISA
 
 // Operands past a core's L2 cache (about 1 MiB) come from memory: the
@@ -520,6 +513,13 @@ struct Vectors {
   typedef float unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
 };
 
+// At unit column stride and dilation with kS columns of taps: a run of
+// kP pixels of a row x one vector of channels. Each input pixel's vector
+// is loaded once per kernel row and serves every tap of that row that
+// reads it (kS of the run's pixels), so a load feeds up to kS multiply-adds
+// rather than one; the row's kS weight vectors are loaded once per row.
+// kEdge: the run reaches past the row's ends (or is cut short), so each
+// load checks its column and zeros outside the input.
 template <typename T, int kS, bool kEdge>
 __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, int64_t n,
                                                        int64_t oh, int64_t ow0, int64_t c0) {
@@ -540,7 +540,8 @@ __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, i
     // i * C precomputed would not fit in the registers).
     const float* xp = xrow + iw0 * C;
     vec wv[kS];
-    for (int s = 0; s < kS; ++s) wv[s] = *reinterpret_cast<const vec_unaligned*>(a.wt + (r * kS + s) * C + c0);
+    for (int s = 0; s < kS; ++s)
+      wv[s] = *reinterpret_cast<const vec_unaligned*>(a.wt + (r * kS + s) * C + c0);
 #pragma GCC unroll 32
     for (int i = 0; i < kP + kS - 1; ++i) {
       const int64_t iw = iw0 + i;
@@ -644,7 +645,8 @@ __attribute__((always_inline)) inline void dw_nhwc_pair_runs(const DwNhwcProblem
     for (int64_t ih = ih_next; ih < ih_next + 2; ++ih) {
       if (oh + 2 >= p.out_h || ih < 0 || ih >= p.in_h) continue;
       const float* row = a.x + ((n * p.in_h + ih) * p.in_w) * C;
-      for (const float* at = row + lo * C; at < row + hi * C; at += 16) __builtin_prefetch(at, 0, 3);
+      for (const float* at = row + lo * C; at < row + hi * C; at += 16)
+        __builtin_prefetch(at, 0, 3);
     }
     for (int64_t v = 0; v * T::kVL < C; ++v) {
       const int64_t c0 = std::min<int64_t>(v * T::kVL, C - T::kVL);
@@ -675,7 +677,8 @@ __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem&
     if (fetch) {  // a 64-byte line at a time
       const int64_t lo = std::max<int64_t>(iw0, 0), hi = std::min<int64_t>(iw0 + kP, p.in_w);
       const float* row = a.x + ((n * p.in_h + ih_next) * p.in_w) * C;
-      for (const float* at = row + lo * C; at < row + hi * C; at += 16) __builtin_prefetch(at, 0, 3);
+      for (const float* at = row + lo * C; at < row + hi * C; at += 16)
+        __builtin_prefetch(at, 0, 3);
     }
     // Channels past the last full vector: the vector ending at the last
     // channel, which computes its first lanes again, to the same bits.
@@ -687,6 +690,20 @@ __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem&
         dw_nhwc_run<T, kS, false>(a, n, oh, ow0, c0);
       }
     }
+  }
+}
+
+// Output row oh by runs (unit column stride and dilation, 3, 5 or 7
+// columns of taps).
+template <typename T>
+__attribute__((always_inline)) inline void dw_nhwc_row(const DwNhwcProblem& a, int64_t n,
+                                                       int64_t oh) {
+  if (a.p.kernel_w == 3) {
+    dw_nhwc_row_runs<T, 3>(a, n, oh);
+  } else if (a.p.kernel_w == 5) {
+    dw_nhwc_row_runs<T, 5>(a, n, oh);
+  } else {
+    dw_nhwc_row_runs<T, 7>(a, n, oh);
   }
 }
 
@@ -703,20 +720,14 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
     const int64_t pairs = (p.out_h + 1) / 2;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = t / pairs, oh = 2 * (t % pairs);
-      if (oh + 1 == p.out_h) {  // a last, single row
-        if (p.kernel_w == 3) {
-          dw_nhwc_row_runs<T, 3>(a, n, oh);
-        } else if (p.kernel_w == 5) {
-          dw_nhwc_row_runs<T, 5>(a, n, oh);
-        } else {
-          dw_nhwc_row_runs<T, 7>(a, n, oh);
-        }
-      } else if (p.kernel_w == 3) {
+      if (oh + 1 < p.out_h && p.kernel_w == 3) {
         dw_nhwc_pair_runs<T, 3>(a, n, oh);
-      } else if (T::kVL == 16 && p.kernel_w == 5) {
+      } else if (oh + 1 < p.out_h && T::kVL == 16 && p.kernel_w == 5) {
         dw_nhwc_pair_runs<T, 5>(a, n, oh);
-      } else if (T::kVL == 16) {
+      } else if (oh + 1 < p.out_h && T::kVL == 16 && p.kernel_w == 7) {
         dw_nhwc_pair_runs<T, 7>(a, n, oh);
+      } else {  // a last, single row (a pair kernel runs wherever pairs are set)
+        for (int64_t q = oh; q < std::min<int64_t>(oh + 2, p.out_h); ++q) dw_nhwc_row<T>(a, n, q);
       }
     }
     return;
@@ -724,13 +735,7 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
   for (int64_t t = begin; t < end; ++t) {
     const int64_t n = t / p.out_h, oh = t % p.out_h;
     if (runs && (p.kernel_w == 3 || p.kernel_w == 5 || p.kernel_w == 7)) {
-      if (p.kernel_w == 3) {
-        dw_nhwc_row_runs<T, 3>(a, n, oh);
-      } else if (p.kernel_w == 5) {
-        dw_nhwc_row_runs<T, 5>(a, n, oh);
-      } else {
-        dw_nhwc_row_runs<T, 7>(a, n, oh);
-      }
+      dw_nhwc_row<T>(a, n, oh);
       continue;
     }
     for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kDwPixels) {
@@ -1370,8 +1375,8 @@ void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, c
   // Two rows a task at unit stride and dilation, where the two rows'
   // accumulators and weights fit the registers (beyond AVX-512, 3 columns
   // of taps), and where the operands fit a core's L2: there the forward
-  // computes, and pairs save loads; on operands from memory single rows
-  // ran faster (pairs 0.8-0.9x torch's time where rows ran 1.1x).
+  // computes, and pairs save loads; on operands from memory single rows,
+  // which stream the input and output one row at a time, ran faster.
   const int64_t bytes = int64_t(sizeof(float)) * C * p.batch *
                         (p.in_h * p.in_w + p.out_h * p.out_w);
   const bool pairs =
