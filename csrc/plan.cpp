@@ -387,9 +387,12 @@ bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
       return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(p)) ||
              (algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(p));
     case Pass::kDgrad:
-      return algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(dgrad_as_fprop(p));
+      // Depthwise: unit stride only (the plan's depthwise dgrad).
+      return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(dgrad_as_fprop(p))) ||
+             (algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(dgrad_as_fprop(p)));
     case Pass::kWgrad:
-      return algo == Algo::kCpuBlocked && cpu::blocked_wgrad_nhwc_fits(p);
+      return (algo == Algo::kCpuDepthwise && cpu::depthwise_wgrad_nhwc_fits(p)) ||
+             (algo == Algo::kCpuBlocked && cpu::blocked_wgrad_nhwc_fits(p));
   }
   return false;
 }

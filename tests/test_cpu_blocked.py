@@ -225,7 +225,35 @@ DEPTHWISE = {
     # Column strides 2 and 3: rows split into phase rows.
     "3x3_stride_2": (2, 12, 17, 35, 1, (3, 3), 2, 1, 1, True),
     "5x5_stride_3_dilated": (1, 8, 19, 40, 2, (5, 5), (1, 3), 2, (1, 2), False),
+    # Over 1024 output pixels: channels_last wgrad sums two chunks of rows.
+    "3x3_two_chunks": (1, 48, 40, 37, 1, (3, 3), 1, 1, 1, False),
+    # Padding of the kernel's whole reach: every run of a row at an edge.
+    "3x3_pad_2": (2, 16, 6, 5, 1, (3, 3), 1, 2, 1, True),
+    # Odd output rows: channels_last forwards by pairs of rows end on a
+    # single row (5 and 7 columns: pairs with AVX-512, single rows else).
+    "5x5_odd_rows": (1, 32, 13, 20, 1, (5, 5), 1, 2, 1, True),
+    "7x7_odd_rows_batch_2": (2, 24, 11, 12, 1, (7, 7), 1, 3, 1, False),
+    # One and two input columns: every run of pixels cut short and reaching
+    # past both ends of the row.
+    "3x3_one_column": (1, 16, 100, 1, 1, (3, 3), 1, 1, 1, True),
+    "7x7_two_columns": (1, 20, 40, 2, 1, (7, 7), 1, 3, 1, False),
+    # Operands past 1 MiB: channels_last forwards by single rows, wgrad
+    # prefetching.
+    "3x3_past_l2": (1, 32, 96, 90, 1, (3, 3), 1, 1, 1, True),
+    "5x5_past_l2": (1, 48, 70, 70, 1, (5, 5), 1, 2, 1, False),
 }
+
+
+def _depthwise(case, seed=6, layout="nchw"):
+    """Operands of a DEPTHWISE case, x in the given layout."""
+    n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w_, generator=g)
+    w = torch.randn(c * mult, 1, *ks, generator=g)
+    b = torch.randn(c * mult, generator=g) if bias else None
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    return x, w, b, dict(stride=stride, padding=padding, dilation=dilation, groups=c)
 
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
@@ -233,7 +261,8 @@ DEPTHWISE = {
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_depthwise_against_float64(isa_name, case, layout):
     """NCHW, and channels_last on its own kernel (channels in vectors, taps
-    in the padding skipped) where one output channel per input channel."""
+    in the padding skipped) where one output channel per input channel and
+    at least a vector of them (else on NCHW copies)."""
     n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, c, h, w_, generator=g)
@@ -244,7 +273,10 @@ def test_depthwise_against_float64(isa_name, case, layout):
         x = x.to(memory_format=torch.channels_last)
     with isa(isa_name):
         assert ops._algorithm("forward", *_args(x, w, kw)) == "cpu_depthwise"
+        report = ops._kernel("forward", *_args(x, w, kw), 0)
         y = conv2d_ext.conv2d(x, w, b, **kw)
+    assert ("layout=nhwc" in report) == (
+        layout == "channels_last" and _depthwise_nhwc(report, c, mult)), report
     if layout == "channels_last":
         assert y.is_contiguous(memory_format=torch.channels_last)
     y64 = reference(x, w, b, stride, padding, dilation, c)
@@ -322,24 +354,56 @@ def test_few_pixels_bound():
                           1) == "cpu_blocked"
 
 
+VECTOR_FLOATS = {"avx512": 16, "avx2": 8, "default": 4}
+
+
+def _depthwise_nhwc(report, channels, mult):
+    """Whether a channels_last depthwise forward (or unit-stride dgrad) runs
+    on the channels_last operands: one output channel per input channel, at
+    least one vector of them on the instruction set the report names."""
+    return mult == 1 and channels >= VECTOR_FLOATS[report.split("isa=")[1].split()[0]]
+
+
+def _depthwise_nhwc_wgrad(report, channels, ks, stride, dilation, mult):
+    """The same for wgrad, which also needs unit column stride and dilation
+    and 3, 5 or 7 columns of taps."""
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    return (_depthwise_nhwc(report, channels, mult) and pair(stride)[1] == 1
+            and pair(dilation)[1] == 1 and ks[1] in (3, 5, 7))
+
+
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
 @pytest.mark.parametrize("case", sorted(DEPTHWISE))
-def test_depthwise_backward_against_float64(isa_name, case):
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_depthwise_backward_against_float64(isa_name, case, layout):
     """wgrad on the depthwise wgrad kernel (unit column stride); dgrad at
     unit stride with one output channel per group as the depthwise forward
     on the flipped weight, else the direct loop (strided depthwise dgrad by
-    phases ran slower than it)."""
+    phases ran slower than it). channels_last: dgrad on the channels_last
+    depthwise forward, wgrad on its own kernel where
+    _depthwise_nhwc_wgrad holds; else on NCHW copies."""
     n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
     g = torch.Generator().manual_seed(3)
     x = torch.randn(n, c, h, w_, generator=g)
     w = torch.randn(c * mult, 1, *ks, generator=g)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
     unit = stride == 1
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    cl = layout == "channels_last"
     with isa(isa_name):
         assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_depthwise"
         assert ops._algorithm("backward_input", *_args(x, w, kw)) == (
             "cpu_depthwise" if unit and mult == 1 else "direct")
+        report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
+        assert ("layout=nhwc" in report) == (
+            cl and _depthwise_nhwc_wgrad(report, c, ks, stride, dilation, mult)), report
+        report = ops._kernel("backward_input", *_args(x, w, kw), 0)
+        assert ("layout=nhwc" in report) == (
+            cl and unit and _depthwise_nhwc(report, c, mult)), report
         y, gx, gw, gy = _all_passes(x, w, None, kw)
+    if cl:
+        assert gx.is_contiguous(memory_format=torch.channels_last)
     _, gx64, gw64, _ = reference(x, w, torch.zeros(w.shape[0]), stride, padding, dilation, c,
                                  grad_out=gy)
     assert rel_err(gx, gx64) <= tolerance(torch.float32, "ieee", mult * w.shape[2] * w.shape[3])
@@ -347,17 +411,25 @@ def test_depthwise_backward_against_float64(isa_name, case):
     assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
 
 
-def test_depthwise_wgrad_row_tail_ignores_unread_infinities():
-    """A row's last, partial vector must not multiply input pixels that no
-    tap reads there by the zeros past grad_output's row: an infinite input
-    pixel read only by some taps leaves the others finite, as in float64."""
-    x = torch.randn(1, 4, 9, 21)
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_depthwise_wgrad_row_tail_ignores_unread_infinities(isa_name, layout):
+    """A row's last, partial vector (NCHW) or run of pixels (channels_last,
+    40 channels: full vectors and a tail) must not multiply input pixels
+    that no tap reads there by the zeros past grad_output's row: an infinite
+    input pixel read only by some taps leaves the others finite, as in
+    float64."""
+    c = 4 if layout == "nchw" else 40
+    x = torch.randn(1, c, 9, 21)
     x[:, :, :, -1] = float("inf")  # read by the last column of taps only
-    w = torch.randn(4, 1, 3, 3)
-    kw = dict(stride=1, padding=0, dilation=1, groups=4)
-    assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_depthwise"
-    _, _, gw, gy = _all_passes(x, w, None, kw)
-    _, _, gw64, _ = reference(x, w, torch.zeros(4), 1, 0, 1, 4, grad_out=gy)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    w = torch.randn(c, 1, 3, 3)
+    kw = dict(stride=1, padding=0, dilation=1, groups=c)
+    with isa(isa_name):
+        assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_depthwise"
+        _, _, gw, gy = _all_passes(x, w, None, kw)
+    _, _, gw64, _ = reference(x, w, torch.zeros(c), 1, 0, 1, c, grad_out=gy)
     assert torch.equal(torch.isfinite(gw), torch.isfinite(gw64))
     assert torch.isfinite(gw[:, :, :, :2]).all() and not torch.isfinite(gw[:, :, :, 2]).any()
 
@@ -400,9 +472,15 @@ def test_narrow_kernels_against_float64(isa_name, case):
 
 @pytest.mark.parametrize("operands", [lambda: _few("3x3_plane_3x3"),
                                       lambda: _few("strided_dilated_grouped"),
-                                      lambda: _narrow("grouped_4")],
-                         ids=["few_pixels_3x3_plane", "few_pixels_strided", "narrow_grouped_4"])
-def test_few_pixels_and_narrow_same_bits_for_one_and_all_threads(operands):
+                                      lambda: _narrow("grouped_4"),
+                                      lambda: _depthwise("3x3_two_chunks"),
+                                      lambda: _depthwise("3x3_two_chunks", layout="channels_last"),
+                                      lambda: _depthwise("40_channels_strided_rows",
+                                                         layout="channels_last")],
+                         ids=["few_pixels_3x3_plane", "few_pixels_strided", "narrow_grouped_4",
+                              "depthwise_two_chunks", "depthwise_two_chunks_channels_last",
+                              "depthwise_40_channels_channels_last"])
+def test_few_pixels_narrow_and_depthwise_same_bits_for_one_and_all_threads(operands):
     x, w, b, kw = operands()
     gy = torch.randn(conv2d_ext.conv2d(x, w, b, **kw).shape)
     before = torch.get_num_threads()

@@ -460,6 +460,7 @@ struct DwNhwcProblem {
   const ConvParams& p;
   const float *x, *wt, *bias;  // x [N][H][W][C]; wt [R*S][C]
   float* y;                    // [N][P][Q][C]
+  bool pairs;                  // tasks of two rows (dw_nhwc_pair_runs)
 };
 
 template <typename T, int kCV>
@@ -499,46 +500,416 @@ __attribute__((always_inline)) inline void dw_nhwc_block(const DwNhwcProblem& a,
                                         v * kVL) = acc[j][v];
 }
 
-// Channels past the last full vector, one at a time.
-inline void dw_nhwc_tail(const DwNhwcProblem& a, int64_t n, int64_t oh, int64_t ow,
-                         int64_t c0) {
+alignas(64) constexpr float kZeros[16] = {};  // a vector of zeros, for any ISA
+
+// Operands past a core's L2 cache (about 1 MiB) come from memory: the
+// depthwise channels_last kernels then favour the memory's access pattern
+// over saving loads.
+constexpr int64_t kCacheBytes = int64_t(1) << 20;
+
+template <typename T>
+struct Vectors {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+};
+
+// At unit column stride and dilation with kS columns of taps: a run of
+// kP pixels of a row x one vector of channels. Each input pixel's vector
+// is loaded once per kernel row and serves every tap of that row that
+// reads it (kS of the run's pixels), so a load feeds up to kS multiply-adds
+// rather than one; the row's kS weight vectors are loaded once per row.
+// kEdge: the run reaches past the row's ends (or is cut short), so each
+// load checks its column and zeros outside the input.
+template <typename T, int kS, bool kEdge>
+__attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, int64_t n,
+                                                       int64_t oh, int64_t ow0, int64_t c0) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kP = T::kOW;
   const ConvParams& p = a.p;
   const int64_t C = p.out_channels;
-  for (int64_t c = c0; c < C; ++c) {
-    float acc = a.bias ? a.bias[c] : 0.f;
-    for (int64_t r = 0; r < p.kernel_h; ++r) {
-      const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
-      if (ih < 0 || ih >= p.in_h) continue;
-      for (int64_t s = 0; s < p.kernel_w; ++s) {
-        const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
-        if (iw < 0 || iw >= p.in_w) continue;
-        acc += a.x[((n * p.in_h + ih) * p.in_w + iw) * C + c] *
-               a.wt[(r * p.kernel_w + s) * C + c];
-      }
+  vec acc[kP];
+  const vec b = a.bias ? *reinterpret_cast<const vec_unaligned*>(a.bias + c0) : vec{};
+  for (int j = 0; j < kP; ++j) acc[j] = b;
+  const int64_t iw0 = ow0 - p.pad_w;
+  for (int64_t r = 0; r < p.kernel_h; ++r) {
+    const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+    if (ih < 0 || ih >= p.in_h) continue;
+    const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + c0;
+    // The run's input pixels in turn (a pointer stepped by C: offsets
+    // i * C precomputed would not fit in the registers).
+    const float* xp = xrow + iw0 * C;
+    vec wv[kS];
+    for (int s = 0; s < kS; ++s)
+      wv[s] = *reinterpret_cast<const vec_unaligned*>(a.wt + (r * kS + s) * C + c0);
+#pragma GCC unroll 32
+    for (int i = 0; i < kP + kS - 1; ++i) {
+      const int64_t iw = iw0 + i;
+      // Outside the input: a load of zeros (a select of the address, no
+      // branch).
+      const float* at = !kEdge || (iw >= 0 && iw < p.in_w) ? xp : kZeros;
+      const vec xv = *reinterpret_cast<const vec_unaligned*>(at);
+      xp += C;
+      // Input column i is tap s of the run's pixel i - s.
+#pragma GCC unroll 8
+      for (int s = 0; s < kS; ++s)
+        if (i - s >= 0 && i - s < kP) acc[i - s] += xv * wv[s];
     }
-    a.y[((n * p.out_h + oh) * p.out_w + ow) * C + c] = acc;
+  }
+  const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
+  for (int64_t j = 0; j < npix; ++j)
+    *reinterpret_cast<vec_unaligned*>(a.y + ((n * p.out_h + oh) * p.out_w + ow0 + j) * C + c0) =
+        acc[j];
+}
+
+// Two output rows at once (unit row stride and dilation): the kernel rows'
+// window over the input is R + 1 rows, input row k feeding kernel row k of
+// the first output row and k - 1 of the second, so each input pixel's
+// vector is loaded once for both (two thirds of the loads of two single
+// rows, 3x3). kUse: bit q set where output row q takes this input row.
+template <typename T, int kS, int kP, int kUse, bool kEdge>
+__attribute__((always_inline)) inline void dw_nhwc_pair_columns(
+    const float* xp, int64_t iw0, int64_t in_w, int64_t C, const typename Vectors<T>::vec* w0,
+    const typename Vectors<T>::vec* w1, typename Vectors<T>::vec (*acc)[kP]) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+#pragma GCC unroll 32
+  for (int i = 0; i < kP + kS - 1; ++i) {
+    const int64_t iw = iw0 + i;
+    const float* at = !kEdge || (iw >= 0 && iw < in_w) ? xp : kZeros;
+    const vec xv = *reinterpret_cast<const unaligned*>(at);
+    xp += C;
+#pragma GCC unroll 8
+    for (int s = 0; s < kS; ++s)
+      if (i - s >= 0 && i - s < kP) {
+        if (kUse & 1) acc[0][i - s] += xv * w0[s];
+        if (kUse & 2) acc[1][i - s] += xv * w1[s];
+      }
   }
 }
 
+// Output rows oh and oh + 1 (both in the plane), kP pixels from ow0, one
+// vector of channels from c0.
+template <typename T, int kS, int kP, bool kEdge>
+__attribute__((always_inline)) inline void dw_nhwc_pair_run(const DwNhwcProblem& a, int64_t n,
+                                                            int64_t oh, int64_t ow0, int64_t c0) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  vec acc[2][kP];
+  const vec b = a.bias ? *reinterpret_cast<const unaligned*>(a.bias + c0) : vec{};
+  for (int q = 0; q < 2; ++q)
+    for (int j = 0; j < kP; ++j) acc[q][j] = b;
+  const int64_t iw0 = ow0 - p.pad_w;
+  for (int64_t k = 0; k <= p.kernel_h; ++k) {
+    const int64_t ih = oh - p.pad_h + k;
+    if (ih < 0 || ih >= p.in_h) continue;
+    const float* xp = a.x + ((n * p.in_h + ih) * p.in_w + iw0) * C + c0;
+    const bool first = k < p.kernel_h, second = k >= 1;
+    vec w0[kS], w1[kS];
+    for (int s = 0; s < kS; ++s) {
+      w0[s] = first ? *reinterpret_cast<const unaligned*>(a.wt + (k * kS + s) * C + c0) : vec{};
+      w1[s] = second ? *reinterpret_cast<const unaligned*>(a.wt + ((k - 1) * kS + s) * C + c0)
+                     : vec{};
+    }
+    if (first && second) {
+      dw_nhwc_pair_columns<T, kS, kP, 3, kEdge>(xp, iw0, p.in_w, C, w0, w1, acc);
+    } else if (first) {
+      dw_nhwc_pair_columns<T, kS, kP, 1, kEdge>(xp, iw0, p.in_w, C, w0, w1, acc);
+    } else {
+      dw_nhwc_pair_columns<T, kS, kP, 2, kEdge>(xp, iw0, p.in_w, C, w0, w1, acc);
+    }
+  }
+  const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
+  for (int q = 0; q < 2; ++q)
+    for (int64_t j = 0; j < npix; ++j)
+      *reinterpret_cast<unaligned*>(a.y + ((n * p.out_h + oh + q) * p.out_w + ow0 + j) * C + c0) =
+          acc[q][j];
+}
+
+// Rows oh and oh + 1 by runs of kP pixels, every vector of channels of
+// each run before the next; the two input rows the next pair is the first
+// to read fetched a pair ahead.
+template <typename T, int kS>
+__attribute__((always_inline)) inline void dw_nhwc_pair_runs(const DwNhwcProblem& a, int64_t n,
+                                                             int64_t oh) {
+  constexpr int kP = T::kVL == 16 ? 8 : 4;
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  const int64_t ih_next = oh + 2 - p.pad_h + p.kernel_h - 1;  // and ih_next + 1
+  for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+    const int64_t iw0 = ow0 - p.pad_w;
+    const bool edge = iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w;
+    const int64_t lo = std::max<int64_t>(iw0, 0), hi = std::min<int64_t>(iw0 + kP, p.in_w);
+    for (int64_t ih = ih_next; ih < ih_next + 2; ++ih) {
+      if (oh + 2 >= p.out_h || ih < 0 || ih >= p.in_h) continue;
+      const float* row = a.x + ((n * p.in_h + ih) * p.in_w) * C;
+      for (const float* at = row + lo * C; at < row + hi * C; at += 16)
+        __builtin_prefetch(at, 0, 3);
+    }
+    for (int64_t v = 0; v * T::kVL < C; ++v) {
+      const int64_t c0 = std::min<int64_t>(v * T::kVL, C - T::kVL);
+      if (edge) {
+        dw_nhwc_pair_run<T, kS, kP, true>(a, n, oh, ow0, c0);
+      } else {
+        dw_nhwc_pair_run<T, kS, kP, false>(a, n, oh, ow0, c0);
+      }
+    }
+  }
+}
+
+// A row's runs of kP pixels, every vector of channels of each before the
+// next (the run's inputs stay in L1 across its channel vectors).
+template <typename T, int kS>
+__attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem& a, int64_t n,
+                                                            int64_t oh) {
+  constexpr int kP = T::kOW;
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  // The input row that the next output row is the first to read, fetched
+  // a row ahead (the other rows it reads are in cache from this one's).
+  const int64_t ih_next = (oh + 1) * p.stride_h - p.pad_h + (p.kernel_h - 1) * p.dilation_h;
+  const bool fetch = oh + 1 < p.out_h && ih_next >= 0 && ih_next < p.in_h;
+  for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+    const int64_t iw0 = ow0 - p.pad_w;
+    const bool edge = iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w;
+    if (fetch) {  // a 64-byte line at a time
+      const int64_t lo = std::max<int64_t>(iw0, 0), hi = std::min<int64_t>(iw0 + kP, p.in_w);
+      const float* row = a.x + ((n * p.in_h + ih_next) * p.in_w) * C;
+      for (const float* at = row + lo * C; at < row + hi * C; at += 16)
+        __builtin_prefetch(at, 0, 3);
+    }
+    // Channels past the last full vector: the vector ending at the last
+    // channel, which computes its first lanes again, to the same bits.
+    for (int64_t v = 0; v * T::kVL < C; ++v) {
+      const int64_t c0 = std::min<int64_t>(v * T::kVL, C - T::kVL);
+      if (edge) {
+        dw_nhwc_run<T, kS, true>(a, n, oh, ow0, c0);
+      } else {
+        dw_nhwc_run<T, kS, false>(a, n, oh, ow0, c0);
+      }
+    }
+  }
+}
+
+// Output row oh by runs (unit column stride and dilation, 3, 5 or 7
+// columns of taps).
+template <typename T>
+__attribute__((always_inline)) inline void dw_nhwc_row(const DwNhwcProblem& a, int64_t n,
+                                                       int64_t oh) {
+  if (a.p.kernel_w == 3) {
+    dw_nhwc_row_runs<T, 3>(a, n, oh);
+  } else if (a.p.kernel_w == 5) {
+    dw_nhwc_row_runs<T, 5>(a, n, oh);
+  } else {
+    dw_nhwc_row_runs<T, 7>(a, n, oh);
+  }
+}
+
+// At least one vector of channels (depthwise_nhwc_fits); channels past the
+// last full vector are taken by the vector ending at the last channel,
+// which computes its first lanes again, to the same bits.
 template <typename T>
 __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a, int64_t begin,
                                                          int64_t end) {
   const ConvParams& p = a.p;
   const int64_t C = p.out_channels, full = C - C % T::kVL;
+  const bool runs = p.stride_w == 1 && p.dilation_w == 1;
+  if (a.pairs) {  // task t: rows 2 (t % pairs) and the next, of image t / pairs
+    const int64_t pairs = (p.out_h + 1) / 2;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = t / pairs, oh = 2 * (t % pairs);
+      if (oh + 1 < p.out_h && p.kernel_w == 3) {
+        dw_nhwc_pair_runs<T, 3>(a, n, oh);
+      } else if (oh + 1 < p.out_h && T::kVL == 16 && p.kernel_w == 5) {
+        dw_nhwc_pair_runs<T, 5>(a, n, oh);
+      } else if (oh + 1 < p.out_h && T::kVL == 16 && p.kernel_w == 7) {
+        dw_nhwc_pair_runs<T, 7>(a, n, oh);
+      } else {  // a last, single row (a pair kernel runs wherever pairs are set)
+        for (int64_t q = oh; q < std::min<int64_t>(oh + 2, p.out_h); ++q) dw_nhwc_row<T>(a, n, q);
+      }
+    }
+    return;
+  }
   for (int64_t t = begin; t < end; ++t) {
     const int64_t n = t / p.out_h, oh = t % p.out_h;
+    if (runs && (p.kernel_w == 3 || p.kernel_w == 5 || p.kernel_w == 7)) {
+      dw_nhwc_row<T>(a, n, oh);
+      continue;
+    }
     for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kDwPixels) {
       int64_t c0 = 0;
       for (; c0 + 4 * T::kVL <= full; c0 += 4 * T::kVL) dw_nhwc_block<T, 4>(a, n, oh, ow0, c0);
       for (; c0 + 2 * T::kVL <= full; c0 += 2 * T::kVL) dw_nhwc_block<T, 2>(a, n, oh, ow0, c0);
       for (; c0 < full; c0 += T::kVL) dw_nhwc_block<T, 1>(a, n, oh, ow0, c0);
-      if (full < C)
-        for (int64_t ow = ow0; ow < std::min<int64_t>(ow0 + kDwPixels, p.out_w); ++ow)
-          dw_nhwc_tail(a, n, oh, ow, full);
+      if (full < C) dw_nhwc_block<T, 1>(a, n, oh, ow0, C - T::kVL);
     }
   }
 }
 CONV2D_EXT_ISA_VARIANTS(dw_nhwc, DwNhwcProblem, dw_nhwc_range)
+
+// ---- depthwise wgrad over channels_last operands (one output channel per
+// input channel, unit column stride and dilation, kernel_w 3, 5 or 7): a
+// task is one vector of channels over a chunk of output rows; per kernel
+// row, its kS taps' sums in vector registers, each run of kP pixels of a
+// row holding grad_output's kP vectors while every input column under the
+// run is loaded once and multiplied into the taps that read it. Chunks are
+// a fixed number of rows (not a share of the threads), their sums added in
+// chunk order afterwards, so the result does not depend on the threads.
+struct DwWgradNhwcProblem {
+  const ConvParams& p;
+  const float *x, *go;     // [N][H][W][C], [N][P][Q][C]
+  float* partial;          // [chunk][R][S][C]
+  int64_t chunk_rows;      // output rows (over the batch) a chunk
+  bool fetch;              // whether the operands come from memory (prefetched)
+};
+
+// Kernel rows a pass takes together: each run's grad_output vectors serve
+// all of them, and their kRows x kS sums are that many independent chains
+// of multiply-adds (one row's kS alone would wait on the adds' latency);
+// within the registers beside the run's kP vectors of grad_output.
+template <typename T, int kS>
+constexpr int wgrad_rows() {
+  constexpr int regs = T::kVL == 16 ? 32 : 16;
+  return std::max(1, std::min(3, (regs - T::kOW - 2) / kS));
+}
+
+// One run of kP pixels from ow0 for kRows kernel rows: xrow[k] the input
+// row kernel row k reads (at channel c0), stepped by step[k] floats a
+// column (0 for a row outside the input: xrow[k] is then kZeros); gorow
+// the grad_output row at c0. kEdge: the run reaches past the input's ends
+// or the output row's; columns outside the input read as zeros and pixels
+// past the row are skipped, not multiplied by zeros (an input pixel no tap
+// reads could be infinite).
+template <typename T, int kS, int kRows, bool kEdge>
+__attribute__((always_inline)) inline void dw_wgrad_nhwc_run(
+    const ConvParams& p, const float* const* xrow, const int64_t* step, const float* gorow,
+    int64_t ow0, typename Vectors<T>::vec (*acc)[kS]) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+  constexpr int kP = T::kOW;
+  const int64_t C = p.out_channels;
+  const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
+  vec g[kP];
+  const float* gp = gorow + ow0 * C;
+  for (int j = 0; j < kP; ++j, gp += C)
+    g[j] = !kEdge || j < npix ? *reinterpret_cast<const unaligned*>(gp) : vec{};
+  const int64_t iw0 = ow0 - p.pad_w;
+  const float* xp[kRows];
+  for (int k = 0; k < kRows; ++k) xp[k] = xrow[k] + iw0 * step[k];
+#pragma GCC unroll 32
+  for (int i = 0; i < kP + kS - 1; ++i) {
+    const int64_t iw = iw0 + i;
+#pragma GCC unroll 4
+    for (int k = 0; k < kRows; ++k) {
+      const float* at = !kEdge || (iw >= 0 && iw < p.in_w) ? xp[k] : kZeros;
+      const vec xv = *reinterpret_cast<const unaligned*>(at);
+      xp[k] += step[k];
+      // Input column i is tap s of the run's pixel i - s.
+#pragma GCC unroll 8
+      for (int s = 0; s < kS; ++s)
+        if (i - s >= 0 && i - s < kP && (!kEdge || i - s < npix)) acc[k][s] += g[i - s] * xv;
+    }
+  }
+}
+
+// The vector of channels from c0, storing lanes lane0 on (the lanes below
+// are another task's: the vector ending at the last channel overlaps the
+// one before it).
+template <typename T, int kS>
+__attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwcProblem& a,
+                                                               int64_t chunk, int64_t c0,
+                                                               int64_t lane0, bool first) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+  constexpr int kP = T::kOW, kRows = wgrad_rows<T, kS>();
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels;
+  const int64_t t0 = chunk * a.chunk_rows;
+  const int64_t t1 = std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h);
+  for (int64_t r0 = 0; r0 < p.kernel_h; r0 += kRows) {
+    vec acc[kRows][kS];
+    for (int k = 0; k < kRows; ++k)
+      for (int s = 0; s < kS; ++s) acc[k][s] = vec{};
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / p.out_h, oh = t % p.out_h;
+      // Rows past the kernel's or outside the input read zeros (kernel
+      // rows past the last are summed and dropped).
+      const float* xrow[kRows];
+      int64_t step[kRows];
+      bool any = false;
+      for (int k = 0; k < kRows; ++k) {
+        const int64_t ih = oh * p.stride_h - p.pad_h + (r0 + k) * p.dilation_h;
+        const bool in = r0 + k < p.kernel_h && ih >= 0 && ih < p.in_h;
+        xrow[k] = in ? a.x + ((n * p.in_h + ih) * p.in_w) * C + c0 : kZeros;
+        step[k] = in ? C : 0;
+        any = any || in;
+      }
+      if (!any) continue;
+      const float* gorow = a.go + t * p.out_w * C + c0;
+      // A thread's first pass over a chunk (its first channel vector, first
+      // kernel rows) fetches the next row's pixels whole, every channel, for
+      // it and the chunk's later passes (each pass alone reads one line of
+      // a pixel's channels, a stride the memory serves slowly).
+      const bool fetch = a.fetch && first && r0 == 0 && t + 1 < t1;
+      const int64_t oh_next = (t + 1) % p.out_h, n_next = (t + 1) / p.out_h;
+      const int64_t ih_next = oh_next * p.stride_h - p.pad_h +
+                              (std::min<int64_t>(kRows, p.kernel_h) - 1) * p.dilation_h;
+      const float* gnext = a.go + (t + 1) * p.out_w * C;
+      const float* xnext = a.x + ((n_next * p.in_h + ih_next) * p.in_w) * C;
+      const bool fetch_x = fetch && ih_next >= 0 && ih_next < p.in_h;
+      for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+        if (fetch) {
+          const int64_t hi = std::min<int64_t>(ow0 + kP, p.out_w) * C;
+          for (int64_t f = ow0 * C; f < hi; f += 16) __builtin_prefetch(gnext + f, 0, 3);
+          if (fetch_x) {
+            const int64_t lo = std::max<int64_t>(ow0 - p.pad_w, 0) * C;
+            const int64_t xhi = std::min<int64_t>(ow0 - p.pad_w + kP, p.in_w) * C;
+            for (int64_t f = lo; f < xhi; f += 16) __builtin_prefetch(xnext + f, 0, 3);
+          }
+        }
+        const int64_t iw0 = ow0 - p.pad_w;
+        if (iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w) {
+          dw_wgrad_nhwc_run<T, kS, kRows, true>(p, xrow, step, gorow, ow0, acc);
+        } else {
+          dw_wgrad_nhwc_run<T, kS, kRows, false>(p, xrow, step, gorow, ow0, acc);
+        }
+      }
+    }
+    for (int k = 0; k < kRows && r0 + k < p.kernel_h; ++k)
+      for (int s = 0; s < kS; ++s) {
+        float* out = a.partial + ((chunk * p.kernel_h + r0 + k) * kS + s) * C + c0;
+        if (lane0 == 0) {
+          *reinterpret_cast<unaligned*>(out) = acc[k][s];
+        } else {
+          for (int64_t l = lane0; l < T::kVL; ++l) out[l] = acc[k][s][l];
+        }
+      }
+  }
+}
+
+// Task t: chunk t / blocks, vector t % blocks of the channels; at least one
+// vector (depthwise_nhwc_fits), the last ending at the last channel.
+template <typename T>
+__attribute__((always_inline)) inline void dw_wgrad_nhwc_range(const DwWgradNhwcProblem& a,
+                                                               int64_t begin, int64_t end) {
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels, blocks = (C + T::kVL - 1) / T::kVL;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t chunk = t / blocks, b = t % blocks;
+    const int64_t c0 = std::min<int64_t>(b * T::kVL, C - T::kVL), lane0 = b * T::kVL - c0;
+    const bool first = t == begin || b == 0;  // the range's first pass over the chunk
+    if (p.kernel_w == 3) {
+      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0, lane0, first);
+    } else if (p.kernel_w == 5) {
+      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0, lane0, first);
+    } else {
+      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0, lane0, first);
+    }
+  }
+}
+CONV2D_EXT_ISA_VARIANTS(dw_wgrad_nhwc, DwWgradNhwcProblem, dw_wgrad_nhwc_range)
 
 // ---- narrow forward (few output channels per group, unit column stride):
 // a task is one output row of one image and group; per block of up to
@@ -632,9 +1003,14 @@ struct NarrowWgradProblem {
   int64_t hp, wq;
 };
 
+// `go`: output channel k's grad_output plane of image 0, rows wr floats
+// apart (wr >= out_w: where a row ends inside a vector, zeros up to the
+// vector's end), images `image` floats apart.
 template <typename T>
 __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProblem& a, int64_t k,
-                                                         int64_t e0, int64_t count) {
+                                                         const float* go, int64_t wr,
+                                                         int64_t image, int64_t e0,
+                                                         int64_t count) {
   typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
   typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
   constexpr int kVL = T::kVL;
@@ -655,9 +1031,9 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
   typedef int ivec __attribute__((vector_size(T::kVL * sizeof(int))));
   vec acc[kWgradEntries];
   for (int t = 0; t < kWgradEntries; ++t) acc[t] = vec{};
-  // A row's last, partial vector: grad_output copied with zeros past the
-  // row, and the input there selected away (0 times an input pixel no tap
-  // reads, maybe infinite, would be NaN).
+  // A row's last, partial vector: grad_output has zeros past the row, and
+  // the input there is selected away (0 times an input pixel no tap reads,
+  // maybe infinite, would be NaN).
   const int64_t full = p.out_w - p.out_w % kVL;
   ivec keep;
   {
@@ -667,9 +1043,9 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
   }
   for (int64_t n = 0; n < p.batch; ++n) {
     const float* xplane = a.xpad + (n * p.in_channels + c0) * a.hp * row;
-    const float* goplane = a.go + (n * p.out_channels + k) * p.out_h * p.out_w;
+    const float* goplane = go + n * image;
     for (int64_t oh = 0; oh < p.out_h; ++oh) {
-      const float* grow = goplane + oh * p.out_w;
+      const float* grow = goplane + oh * wr;
       const float* xrow = xplane + oh * p.stride_h * row;
       for (int64_t ow0 = 0; ow0 < full; ow0 += kVL) {
         const vec gv = *reinterpret_cast<const vec_unaligned*>(grow + ow0);
@@ -678,10 +1054,7 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
           acc[t] += gv * *reinterpret_cast<const vec_unaligned*>(xrow + ow0 + off[t]);
       }
       if (full < p.out_w) {
-        float tail[kVL] = {};
-        std::memcpy(tail, grow + full, size_t(p.out_w - full) * sizeof(float));
-        vec gv;
-        std::memcpy(&gv, tail, sizeof(gv));
+        const vec gv = *reinterpret_cast<const vec_unaligned*>(grow + full);
 #pragma GCC unroll 16
         for (int t = 0; t < kWgradEntries; ++t) {
           const vec xv = *reinterpret_cast<const vec_unaligned*>(xrow + full + off[t]);
@@ -702,10 +1075,30 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
 template <typename T>
 __attribute__((always_inline)) inline void narrow_wgrad_range(const NarrowWgradProblem& a,
                                                               int64_t begin, int64_t end) {
-  const int64_t entries = a.p.in_channels_per_group() * a.p.taps();
-  for (int64_t k = begin; k < end; ++k)
+  const ConvParams& p = a.p;
+  const int64_t entries = p.in_channels_per_group() * p.taps();
+  // Where a row ends inside a vector, each task copies its channel's
+  // grad_output with zeros past every row once, rather than each entry
+  // pass building every row's last vector.
+  const int64_t plane = p.out_h * p.out_w;
+  const int64_t wr = (p.out_w + T::kVL - 1) / T::kVL * T::kVL;
+  std::vector<float> padded(wr == p.out_w ? 0 : size_t(p.batch * p.out_h * wr), 0.f);
+  for (int64_t k = begin; k < end; ++k) {
+    const float* go = a.go + k * plane;
+    int64_t image = p.out_channels * plane;
+    if (wr != p.out_w) {
+      for (int64_t n = 0; n < p.batch; ++n)
+        for (int64_t oh = 0; oh < p.out_h; ++oh)
+          std::memcpy(padded.data() + (n * p.out_h + oh) * wr,
+                      a.go + (n * p.out_channels + k) * plane + oh * p.out_w,
+                      size_t(p.out_w) * sizeof(float));
+      go = padded.data();
+      image = p.out_h * wr;
+    }
     for (int64_t e0 = 0; e0 < entries; e0 += kWgradEntries)
-      wgrad_entries<T>(a, k, e0, std::min<int64_t>(kWgradEntries, entries - e0));
+      wgrad_entries<T>(a, k, go, wr, image, e0,
+                       std::min<int64_t>(kWgradEntries, entries - e0));
+  }
 }
 CONV2D_EXT_ISA_VARIANTS(narrow_wgrad, NarrowWgradProblem, narrow_wgrad_range)
 
@@ -964,7 +1357,11 @@ void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const 
 }
 
 bool depthwise_nhwc_fits(const ConvParams& p) {
-  return depthwise_fits(p) && p.out_channels == p.in_channels;
+  // At least a vector of channels: the kernels take the channels past the
+  // last full vector as the vector ending at the last channel.
+  const Isa i = isa();
+  return depthwise_fits(p) && p.out_channels == p.in_channels &&
+         p.out_channels >= pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
 }
 
 void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
@@ -974,10 +1371,54 @@ void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, c
   std::vector<float> wt(size_t(taps * C));
   for (int64_t c = 0; c < C; ++c)
     for (int64_t t = 0; t < taps; ++t) wt[size_t(t * C + c)] = w[c * taps + t];
-  const DwNhwcProblem a{p, x, wt.data(), bias, y};
-  auto* run = pick(isa(), &dw_nhwc_avx512, &dw_nhwc_avx2, &dw_nhwc_baseline);
-  at::parallel_for(0, p.batch * p.out_h, 1,
+  const Isa i = isa();
+  // Two rows a task at unit stride and dilation, where the two rows'
+  // accumulators and weights fit the registers (beyond AVX-512, 3 columns
+  // of taps), and where the operands fit a core's L2: there the forward
+  // computes, and pairs save loads; on operands from memory single rows,
+  // which stream the input and output one row at a time, ran faster.
+  const int64_t bytes = int64_t(sizeof(float)) * C * p.batch *
+                        (p.in_h * p.in_w + p.out_h * p.out_w);
+  const bool pairs =
+      bytes <= kCacheBytes && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
+      p.dilation_w == 1 &&
+      (p.kernel_w == 3 || (i == Isa::kAvx512 && (p.kernel_w == 5 || p.kernel_w == 7)));
+  const DwNhwcProblem a{p, x, wt.data(), bias, y, pairs};
+  auto* run = pick(i, &dw_nhwc_avx512, &dw_nhwc_avx2, &dw_nhwc_baseline);
+  at::parallel_for(0, p.batch * (pairs ? (p.out_h + 1) / 2 : p.out_h), 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+bool depthwise_wgrad_nhwc_fits(const ConvParams& p) {
+  return depthwise_nhwc_fits(p) && p.stride_w == 1 && p.dilation_w == 1 &&
+         (p.kernel_w == 3 || p.kernel_w == 5 || p.kernel_w == 7);
+}
+
+void wgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const float* x,
+                          float* grad_w) {
+  const Isa i = isa();
+  const int64_t vl = pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
+  const int64_t C = p.out_channels, taps = p.taps(), rows = p.batch * p.out_h;
+  const int64_t blocks = (C + vl - 1) / vl;
+  // Chunks of about kChunkPixels pixels, whatever the thread count.
+  constexpr int64_t kChunkPixels = 1024;
+  const int64_t chunk_rows = std::max<int64_t>(1, kChunkPixels / p.out_w);
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  std::vector<float> partial(size_t(chunks * taps * C));
+  const bool fetch = int64_t(sizeof(float)) * C *
+                         (p.batch * (p.in_h * p.in_w + p.out_h * p.out_w)) > kCacheBytes;
+  const DwWgradNhwcProblem a{p, x, grad_out, partial.data(), chunk_rows, fetch};
+  auto* run = pick(i, &dw_wgrad_nhwc_avx512, &dw_wgrad_nhwc_avx2, &dw_wgrad_nhwc_baseline);
+  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
+  // grad_w [C][R*S]: each weight the sum of its chunks' sums, in chunk order.
+  at::parallel_for(0, C, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      for (int64_t t = 0; t < taps; ++t) {
+        float sum = 0.f;
+        for (int64_t k = 0; k < chunks; ++k) sum += partial[size_t((k * taps + t) * C + c)];
+        grad_w[c * taps + t] = sum;
+      }
+  });
 }
 
 bool narrow_fits(const ConvParams& p) { return p.stride_w == 1; }

@@ -60,6 +60,15 @@ bool depthwise_nhwc_fits(const ConvParams& p);
 void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
                           float* y);
 
+// Depthwise wgrad over channels_last grad_output and x, one output channel
+// per input channel, at unit column stride and dilation with 3, 5 or 7
+// columns of taps: channels in vector registers, each input pixel's vector
+// loaded once per kernel row for all the taps of the row that read it.
+// grad_w [C][1][R][S] (its channels_last layout is the same).
+bool depthwise_wgrad_nhwc_fits(const ConvParams& p);
+void wgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const float* x,
+                          float* grad_w);
+
 // The narrow kernels (blocked.cpp), for layers with few output channels
 // per group (where blocked_fits does not hold). The forward (unit column
 // stride, narrow_fits) keeps a row's pixels in vector registers for up to

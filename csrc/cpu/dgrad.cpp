@@ -119,8 +119,9 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                      c10::IntArrayRef padding,
                                      c10::IntArrayRef dilation,
                                      int64_t groups) {
-  // A channels_last grad_input of the blocked kernel (one group) is
-  // computed on the channels_last operands, in place of NCHW copies.
+  // A channels_last grad_input of the blocked kernel (one group) or of a
+  // depthwise layer at unit stride (cpu_nhwc) is computed on the
+  // channels_last operands, in place of NCHW copies.
   const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
     return cpu_nhwc(p, Pass::kDgrad, dtype);
   };
@@ -129,6 +130,13 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
          at::Tensor& grad_in, bool channels_last) {
         if (channels_last) {  // go, grad_in channels_last; w as given
+          if (choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo ==
+              Algo::kCpuDepthwise) {  // unit stride: one depthwise forward
+            const at::Tensor wt = dgrad_weight(p, w).contiguous();
+            fprop_depthwise_nhwc(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(),
+                                 nullptr, grad_in.data_ptr<float>());
+            return;
+          }
           if (!dgrad_is_fprop(p)) {
             dgrad_phases_on(
                 [](const ConvParams& f, const float* x, const float* sub, const float* b,

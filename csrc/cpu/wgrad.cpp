@@ -70,8 +70,9 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
                                       c10::IntArrayRef padding,
                                       c10::IntArrayRef dilation,
                                       int64_t groups) {
-  // A channels_last grad_weight of the blocked kernel (one group) is
-  // computed on the channels_last operands, in place of NCHW copies.
+  // A channels_last grad_weight of the blocked kernel (one group) or of a
+  // depthwise layer (cpu_nhwc) is computed on the channels_last operands, in
+  // place of NCHW copies.
   const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
     return cpu_nhwc(p, Pass::kWgrad, dtype);
   };
@@ -80,6 +81,12 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
          at::Tensor& grad_w, bool channels_last) {
         if (channels_last) {
+          if (choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo ==
+              Algo::kCpuDepthwise) {
+            wgrad_depthwise_nhwc(p, go.data_ptr<float>(), x.data_ptr<float>(),
+                                 grad_w.data_ptr<float>());
+            return;
+          }
           wgrad_blocked_nhwc(p, go.data_ptr<float>(), x.data_ptr<float>(),
                              grad_w.data_ptr<float>());
           return;
