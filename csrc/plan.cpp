@@ -382,6 +382,7 @@ bool nhwc_engine_takes(const ConvParams& p, Pass pass, at::ScalarType dtype, int
 bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
   if (is_16bit(dtype)) return false;  // float32 copies, in whichever format
   const Algo algo = choose_plan(p, pass, dtype, /*sm=*/0).algo;
+  if (algo == Algo::kCpuFewPixels) return true;  // every pass
   switch (pass) {
     case Pass::kFprop:
       return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(p)) ||

@@ -86,8 +86,8 @@ bool nhwc_wgmma(int sm);
 
 // On the CPU: whether a channels_last result of `pass` runs on the
 // channels_last operands themselves (the blocked kernels' three passes of
-// one group, the depthwise forward of one output channel per input
-// channel) rather than on NCHW copies.
+// one group, depthwise layers', the few-pixel kernels') rather than on
+// NCHW copies.
 bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype);
 
 // Whether that forward may split K where its 128-row tiles are few:

@@ -335,12 +335,27 @@ def _all_passes(x, w, b, kw, gy=None):
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
 @pytest.mark.parametrize("case", sorted(FEW_PIXELS))
-def test_few_pixels_against_float64(isa_name, case):
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_few_pixels_against_float64(isa_name, case, layout):
+    """The few-pixel kernels' three passes; channels_last operands run as
+    they are (`layout=nhwc`, the weight and grad_weight in their own
+    layout), with PyTorch's result strides."""
     x, w, b, kw = _few(case)
+    if layout == "channels_last":
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
     with isa(isa_name):
         for pass_ in ("forward", "backward_input", "backward_weight"):
             assert ops._algorithm(pass_, *_args(x, w, kw)) == "cpu_few_pixels", pass_
+            report = ops._kernel(pass_, *_args(x, w, kw), 0)
+            # (A 1x1 input plane is NCHW and channels_last at once.)
+            if x.shape[2] * x.shape[3] > 1:
+                assert ("layout=nhwc" in report) == (layout == "channels_last"), report
         y, gx, gw, gy = _all_passes(x, w, b, kw)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    yr = torch.nn.functional.conv2d(xr, wr, b, **kw)
+    grads = torch.autograd.grad(yr, [xr, wr], gy)
+    for got, theirs in zip((y, gx, gw), (yr, *grads)):
+        assert got.stride() == theirs.stride(), (got.stride(), theirs.stride())
     _assert_passes_against_float64(x, w, b, kw, y, gx, gw, gy)
 
 
@@ -470,14 +485,21 @@ def test_narrow_kernels_against_float64(isa_name, case):
     _assert_passes_against_float64(x, w, b, kw, y, gx, gw, gy)
 
 
+def _few_channels_last(case):
+    x, w, b, kw = _few(case)
+    return x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last), b, kw
+
+
 @pytest.mark.parametrize("operands", [lambda: _few("3x3_plane_3x3"),
                                       lambda: _few("strided_dilated_grouped"),
+                                      lambda: _few_channels_last("strided_dilated_grouped"),
                                       lambda: _narrow("grouped_4"),
                                       lambda: _depthwise("3x3_two_chunks"),
                                       lambda: _depthwise("3x3_two_chunks", layout="channels_last"),
                                       lambda: _depthwise("40_channels_strided_rows",
                                                          layout="channels_last")],
-                         ids=["few_pixels_3x3_plane", "few_pixels_strided", "narrow_grouped_4",
+                         ids=["few_pixels_3x3_plane", "few_pixels_strided",
+                              "few_pixels_strided_channels_last", "narrow_grouped_4",
                               "depthwise_two_chunks", "depthwise_two_chunks_channels_last",
                               "depthwise_40_channels_channels_last"])
 def test_few_pixels_narrow_and_depthwise_same_bits_for_one_and_all_threads(operands):

@@ -130,8 +130,14 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
          at::Tensor& grad_in, bool channels_last) {
         if (channels_last) {  // go, grad_in channels_last; w as given
-          if (choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo ==
-              Algo::kCpuDepthwise) {  // unit stride: one depthwise forward
+          const Algo algo = choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo;
+          if (algo == Algo::kCpuFewPixels) {  // any stride; the weight in its own layout
+            const at::Tensor wc = w.contiguous(at::MemoryFormat::ChannelsLast);
+            dgrad_few_pixels(p, go.data_ptr<float>(), wc.data_ptr<float>(),
+                             grad_in.data_ptr<float>(), /*nhwc=*/true);
+            return;
+          }
+          if (algo == Algo::kCpuDepthwise) {  // unit stride: one depthwise forward
             const at::Tensor wt = dgrad_weight(p, w).contiguous();
             fprop_depthwise_nhwc(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(),
                                  nullptr, grad_in.data_ptr<float>());

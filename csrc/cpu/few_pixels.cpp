@@ -14,6 +14,10 @@
 // every one vectorised along J, where the weight's rows are contiguous. M
 // is small, so col_g and go_g stay in cache and the weight is read once.
 // Each output's sum runs in a fixed order, whatever the thread count.
+// channels_last operands (`nhwc`) order J as a channels_last weight holds
+// its rows, (tap, channel), so that the layer's weight (or grad_weight) is
+// read (written) in place: copying a large weight to NCHW would cost more
+// than the pass.
 #include "few_pixels.h"
 
 #include <ATen/Parallel.h>
@@ -55,31 +59,54 @@ constexpr int64_t chunk_floats() {
 
 struct Geometry {
   int64_t m, j, kg, groups;
+  bool nhwc;  // channels_last operands; J = (tap, channel)
 };
-Geometry geometry(const ConvParams& p) {
+Geometry geometry(const ConvParams& p, bool nhwc) {
   return {p.batch * p.out_h * p.out_w, p.in_channels_per_group() * p.taps(),
-          p.out_channels_per_group(), p.groups};
+          p.out_channels_per_group(), p.groups, nhwc};
+}
+
+// Column j of (channel c of the group, tap (r, s)).
+inline int64_t column(const ConvParams& p, bool nhwc, int64_t c, int64_t r, int64_t s) {
+  return nhwc ? (r * p.kernel_w + s) * p.in_channels_per_group() + c
+              : (c * p.kernel_h + r) * p.kernel_w + s;
+}
+
+// Where input pixel (n, ih, iw) of channel ci (of all C) lies in x.
+inline int64_t x_offset(const ConvParams& p, bool nhwc, int64_t n, int64_t ci, int64_t ih,
+                        int64_t iw) {
+  return nhwc ? ((n * p.in_h + ih) * p.in_w + iw) * p.in_channels + ci
+              : ((n * p.in_channels + ci) * p.in_h + ih) * p.in_w + iw;
 }
 
 // col [group][M][J]: pixel m's receptive field, zeros in the padding.
-std::vector<float> gather_columns(const ConvParams& p, const float* x) {
-  const Geometry G = geometry(p);
+std::vector<float> gather_columns(const ConvParams& p, const float* x, bool nhwc) {
+  const Geometry G = geometry(p, nhwc);
   const int64_t cin = p.in_channels_per_group(), pq = p.out_h * p.out_w;
   std::vector<float> col(size_t(G.groups * G.m * G.j));
   at::parallel_for(0, G.groups * G.m, 1, [&](int64_t begin, int64_t end) {
     for (int64_t gm = begin; gm < end; ++gm) {
       const int64_t g = gm / G.m, m = gm % G.m;
       const int64_t n = m / pq, oh = (m % pq) / p.out_w, ow = m % p.out_w;
-      float* dst = col.data() + gm * G.j;
-      for (int64_t c = 0; c < cin; ++c) {
-        const float* plane = x + ((n * p.in_channels + g * cin + c) * p.in_h) * p.in_w;
-        for (int64_t r = 0; r < p.kernel_h; ++r) {
-          const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
-          for (int64_t s = 0; s < p.kernel_w; ++s) {
-            const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
-            const bool in = ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w;
-            *dst++ = in ? plane[ih * p.in_w + iw] : 0.f;
+      float* const row = col.data() + gm * G.j;
+      for (int64_t r = 0; r < p.kernel_h; ++r) {
+        const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+        for (int64_t s = 0; s < p.kernel_w; ++s) {
+          const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
+          const bool in = ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w;
+          if (nhwc) {  // the tap's channels: one run
+            float* dst = row + column(p, true, 0, r, s);
+            if (in) {
+              std::memcpy(dst, x + x_offset(p, true, n, g * cin, ih, iw),
+                          size_t(cin) * sizeof(float));
+            } else {
+              std::fill(dst, dst + cin, 0.f);
+            }
+            continue;
           }
+          for (int64_t c = 0; c < cin; ++c)
+            row[column(p, false, c, r, s)] = in ? x[x_offset(p, false, n, g * cin + c, ih, iw)]
+                                                : 0.f;
         }
       }
     }
@@ -89,8 +116,9 @@ std::vector<float> gather_columns(const ConvParams& p, const float* x) {
 
 // The same transposed, colT [group][J][mpad]: row j = (channel, tap) holds
 // every pixel's value under that tap, zeros past M.
-std::vector<float> gather_columns_t(const ConvParams& p, const float* x, int64_t mpad) {
-  const Geometry G = geometry(p);
+std::vector<float> gather_columns_t(const ConvParams& p, const float* x, int64_t mpad,
+                                    bool nhwc) {
+  const Geometry G = geometry(p, nhwc);
   const int64_t cin = p.in_channels_per_group(), pq = p.out_h * p.out_w;
   std::vector<float> colt(size_t(G.groups * G.j * mpad), 0.f);
   at::parallel_for(0, G.groups * cin, 1, [&](int64_t begin, int64_t end) {
@@ -98,14 +126,13 @@ std::vector<float> gather_columns_t(const ConvParams& p, const float* x, int64_t
       const int64_t g = gc / cin, c = gc % cin;
       for (int64_t r = 0; r < p.kernel_h; ++r)
         for (int64_t s = 0; s < p.kernel_w; ++s) {
-          const int64_t j = (c * p.kernel_h + r) * p.kernel_w + s;
-          float* dst = colt.data() + (g * G.j + j) * mpad;
+          float* dst = colt.data() + (g * G.j + column(p, nhwc, c, r, s)) * mpad;
           for (int64_t m = 0; m < G.m; ++m) {
             const int64_t n = m / pq, oh = (m % pq) / p.out_w, ow = m % p.out_w;
             const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
             const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
             if (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w)
-              dst[m] = x[((n * p.in_channels + g * cin + c) * p.in_h + ih) * p.in_w + iw];
+              dst[m] = x[x_offset(p, nhwc, n, g * cin + c, ih, iw)];
           }
         }
     }
@@ -114,10 +141,15 @@ std::vector<float> gather_columns_t(const ConvParams& p, const float* x, int64_t
 }
 
 // grad_output as [group][K][M].
-std::vector<float> gather_grad_out(const ConvParams& p, const float* go) {
-  const Geometry G = geometry(p);
+std::vector<float> gather_grad_out(const ConvParams& p, const float* go, bool nhwc) {
+  const Geometry G = geometry(p, nhwc);
   const int64_t pq = p.out_h * p.out_w;
   std::vector<float> out(size_t(p.out_channels * G.m));
+  if (nhwc) {  // [M][K]: a transpose
+    for (int64_t m = 0; m < G.m; ++m)
+      for (int64_t k = 0; k < p.out_channels; ++k) out[k * G.m + m] = go[m * p.out_channels + k];
+    return out;
+  }
   for (int64_t k = 0; k < p.out_channels; ++k)
     for (int64_t n = 0; n < p.batch; ++n)
       std::memcpy(out.data() + k * G.m + n * pq, go + (n * p.out_channels + k) * pq,
@@ -126,7 +158,8 @@ std::vector<float> gather_grad_out(const ConvParams& p, const float* go) {
 }
 
 // Where output pixel m of output channel k (of all K) lies in y.
-inline int64_t y_offset(const ConvParams& p, int64_t k, int64_t m) {
+inline int64_t y_offset(const ConvParams& p, bool nhwc, int64_t k, int64_t m) {
+  if (nhwc) return m * p.out_channels + k;
   const int64_t pq = p.out_h * p.out_w;
   return ((m / pq) * p.out_channels + k) * pq + m % pq;
 }
@@ -187,7 +220,7 @@ __attribute__((always_inline)) inline void fprop_tile(const Fprop& a, int64_t g,
     for (int q = 0; q < kPix && m0 + q < G.m; ++q) {
       float sum = lane_sum<T>(acc[r][q]);
       for (int64_t j = jv; j < G.j; ++j) sum += wr[r][j] * cr[q][j];
-      a.y[y_offset(a.p, k, m0 + q)] = sum + (a.bias ? a.bias[k] : 0.f);
+      a.y[y_offset(a.p, G.nhwc, k, m0 + q)] = sum + (a.bias ? a.bias[k] : 0.f);
     }
   }
 }
@@ -244,7 +277,7 @@ __attribute__((always_inline)) inline void fprop_t_tile(const FpropT& a, int64_t
     const float b = a.bias ? a.bias[k] : 0.f;
     std::memcpy(out, acc[r], sizeof(out));
     for (int64_t q = 0; q < kCols * T::kVL && m0 + q < G.m; ++q)
-      a.y[y_offset(a.p, k, m0 + q)] = out[q] + b;
+      a.y[y_offset(a.p, G.nhwc, k, m0 + q)] = out[q] + b;
   }
 }
 
@@ -369,6 +402,42 @@ __attribute__((always_inline)) inline void wgrad_range(const Wgrad& a, int64_t b
 }
 CONV2D_EXT_ISA_VARIANTS(wgrad, Wgrad, wgrad_range)
 
+// dgrad's col2im into channels_last grad_input: a task takes `planes`
+// channels of one image, each pixel's taps added in the order of the NCHW
+// path (pixels ascending, then taps).
+void col2im_nhwc(const ConvParams& p, const Geometry& G, const float* dcol, float* grad_in,
+                 int64_t planes) {
+  const int64_t cin = p.in_channels_per_group(), pq = p.out_h * p.out_w;
+  const int64_t blocks = (p.in_channels + planes - 1) / planes;
+  at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t n = task / blocks, ci0 = (task % blocks) * planes;
+      const int64_t ci1 = std::min<int64_t>(p.in_channels, ci0 + planes);
+      for (int64_t ih = 0; ih < p.in_h; ++ih)
+        for (int64_t iw = 0; iw < p.in_w; ++iw) {
+          float* dst = grad_in + x_offset(p, true, n, 0, ih, iw);
+          std::fill(dst + ci0, dst + ci1, 0.f);
+        }
+      for (int64_t m = n * pq; m < (n + 1) * pq; ++m) {
+        const int64_t oh = (m % pq) / p.out_w, ow = m % p.out_w;
+        for (int64_t r = 0; r < p.kernel_h; ++r) {
+          const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+          if (ih < 0 || ih >= p.in_h) continue;
+          for (int64_t s = 0; s < p.kernel_w; ++s) {
+            const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
+            if (iw < 0 || iw >= p.in_w) continue;
+            float* dst = grad_in + x_offset(p, true, n, 0, ih, iw);
+            for (int64_t ci = ci0; ci < ci1; ++ci) {
+              const int64_t g = ci / cin, c = ci % cin;
+              dst[ci] += dcol[(g * G.m + m) * G.j + column(p, true, c, r, s)];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 int64_t chunks(Isa i, int64_t j) {
   const int64_t width = pick(i, chunk_floats<Avx512>(), chunk_floats<Avx2>(),
                              chunk_floats<Baseline>());
@@ -378,8 +447,8 @@ int64_t chunks(Isa i, int64_t j) {
 }  // namespace
 
 void fprop_few_pixels(const ConvParams& p, const float* x, const float* w, const float* bias,
-                      float* y) {
-  const Geometry G = geometry(p);
+                      float* y, bool nhwc) {
+  const Geometry G = geometry(p, nhwc);
   if (G.m == 0) return;
   const Isa i = isa();
   const int64_t width =
@@ -390,14 +459,14 @@ void fprop_few_pixels(const ConvParams& p, const float* x, const float* w, const
   // ones amortise the lanes' sum, and the pixel form's broadcasts from four
   // weight rows cost more than its math saves).
   if (4 * G.m >= 3 * mpad && G.j <= 256) {
-    const std::vector<float> colt = gather_columns_t(p, x, mpad);
+    const std::vector<float> colt = gather_columns_t(p, x, mpad, nhwc);
     const FpropT a{p, colt.data(), w, bias, y, G, mpad};
     auto* run = pick(i, &fprop_t_avx512, &fprop_t_avx2, &fprop_t_baseline);
     at::parallel_for(0, G.groups * kblocks, 1,
                      [&](int64_t begin, int64_t end) { run(a, begin, end); });
     return;
   }
-  const std::vector<float> col = gather_columns(p, x);
+  const std::vector<float> col = gather_columns(p, x, nhwc);
   const Fprop a{p, col.data(), w, bias, y, G};
   auto* run = pick(i, &fprop_avx512, &fprop_avx2, &fprop_baseline);
   at::parallel_for(0, G.groups * ((G.kg + kRows - 1) / kRows), 1,
@@ -405,13 +474,13 @@ void fprop_few_pixels(const ConvParams& p, const float* x, const float* w, const
 }
 
 void dgrad_few_pixels(const ConvParams& p, const float* grad_out, const float* w,
-                      float* grad_in) {
-  const Geometry G = geometry(p);
+                      float* grad_in, bool nhwc) {
+  const Geometry G = geometry(p, nhwc);
   const int64_t cin = p.in_channels_per_group(), pq = p.out_h * p.out_w;
   const int64_t in_plane = p.in_h * p.in_w;
   std::vector<float> dcol(size_t(G.groups * G.m * G.j));
   if (G.m > 0) {
-    const std::vector<float> go = gather_grad_out(p, grad_out);
+    const std::vector<float> go = gather_grad_out(p, grad_out, nhwc);
     const Dgrad a{go.data(), w, dcol.data(), G};
     const Isa i = isa();
     auto* run = pick(i, &dgrad_avx512, &dgrad_avx2, &dgrad_baseline);
@@ -424,6 +493,10 @@ void dgrad_few_pixels(const ConvParams& p, const float* grad_out, const float* w
   // float per plane.
   constexpr int64_t kPlanes = 16;
   const int64_t blocks = (p.in_channels + kPlanes - 1) / kPlanes;
+  if (nhwc) {
+    col2im_nhwc(p, G, dcol.data(), grad_in, kPlanes);
+    return;
+  }
   at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / blocks, ci0 = (task % blocks) * kPlanes;
@@ -451,10 +524,10 @@ void dgrad_few_pixels(const ConvParams& p, const float* grad_out, const float* w
 }
 
 void wgrad_few_pixels(const ConvParams& p, const float* grad_out, const float* x,
-                      float* grad_w) {
-  const Geometry G = geometry(p);
-  const std::vector<float> col = gather_columns(p, x);
-  const std::vector<float> go = gather_grad_out(p, grad_out);
+                      float* grad_w, bool nhwc) {
+  const Geometry G = geometry(p, nhwc);
+  const std::vector<float> col = gather_columns(p, x, nhwc);
+  const std::vector<float> go = gather_grad_out(p, grad_out, nhwc);
   const Wgrad a{go.data(), col.data(), grad_w, G};
   const Isa i = isa();
   auto* run = pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline);

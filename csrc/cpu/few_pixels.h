@@ -21,13 +21,15 @@ inline bool few_pixels_fits(const ConvParams& p) {
 }
 
 // All operands NCHW contiguous float32 (the weight [K][C per group][R][S]),
+// or with `nhwc` channels_last (activations [N][H][W][C], the weight and
+// grad_weight as a channels_last weight's memory, [K][R][S][C per group]);
 // bias null or [K]. dgrad takes the layer's own weight, at any stride.
 void fprop_few_pixels(const ConvParams& p, const float* x, const float* w, const float* bias,
-                      float* y);
+                      float* y, bool nhwc = false);
 void dgrad_few_pixels(const ConvParams& p, const float* grad_out, const float* w,
-                      float* grad_in);
+                      float* grad_in, bool nhwc = false);
 void wgrad_few_pixels(const ConvParams& p, const float* grad_out, const float* x,
-                      float* grad_w);
+                      float* grad_w, bool nhwc = false);
 
 }  // namespace cpu
 }  // namespace conv2d_ext

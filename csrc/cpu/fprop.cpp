@@ -67,9 +67,10 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
                       const c10::optional<at::Tensor>& bias,
                       c10::IntArrayRef stride, c10::IntArrayRef padding,
                       c10::IntArrayRef dilation, int64_t groups) {
-  // A channels_last result of the blocked kernel (one group) or of a
-  // depthwise layer (one output channel per input channel) is computed on
-  // the channels_last operands, in place of NCHW copies.
+  // A channels_last result of the blocked kernel (one group), of a
+  // depthwise layer (one output channel per input channel) or of the
+  // few-pixel kernel is computed on the channels_last operands, in place of
+  // NCHW copies.
   const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
     return cpu_nhwc(p, Pass::kFprop, dtype);
   };
@@ -79,8 +80,11 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
          const at::Tensor& b, at::Tensor& y, bool channels_last) {
         if (channels_last) {
           const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
-          if (choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo ==
-              Algo::kCpuDepthwise) {
+          const Algo algo = choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo;
+          if (algo == Algo::kCpuFewPixels) {  // the weight in its own layout
+            fprop_few_pixels(p, x.data_ptr<float>(), w.data_ptr<float>(), bias_ptr,
+                             y.data_ptr<float>(), /*nhwc=*/true);
+          } else if (algo == Algo::kCpuDepthwise) {
             // (A depthwise weight's channels_last layout is its NCHW one.)
             fprop_depthwise_nhwc(p, x.data_ptr<float>(), w.data_ptr<float>(), bias_ptr,
                                  y.data_ptr<float>());
@@ -100,9 +104,12 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
                           y.data_ptr<float>());
             return;
           }
-          auto* run = algo == Algo::kCpuDepthwise ? &fprop_depthwise
-                      : algo == Algo::kCpuNarrow  ? &fprop_narrow
-                                                  : &fprop_few_pixels;
+          if (algo == Algo::kCpuFewPixels) {
+            fprop_few_pixels(p, x.data_ptr<float>(), w.data_ptr<float>(), bias_ptr,
+                             y.data_ptr<float>());
+            return;
+          }
+          auto* run = algo == Algo::kCpuDepthwise ? &fprop_depthwise : &fprop_narrow;
           run(p, x.data_ptr<float>(), w.data_ptr<float>(), bias_ptr, y.data_ptr<float>());
           return;
         }

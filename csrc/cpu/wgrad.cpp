@@ -81,8 +81,13 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
          at::Tensor& grad_w, bool channels_last) {
         if (channels_last) {
-          if (choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo ==
-              Algo::kCpuDepthwise) {
+          const Algo algo = choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo;
+          if (algo == Algo::kCpuFewPixels) {  // grad_w written in its own layout
+            wgrad_few_pixels(p, go.data_ptr<float>(), x.data_ptr<float>(),
+                             grad_w.data_ptr<float>(), /*nhwc=*/true);
+            return;
+          }
+          if (algo == Algo::kCpuDepthwise) {
             wgrad_depthwise_nhwc(p, go.data_ptr<float>(), x.data_ptr<float>(),
                                  grad_w.data_ptr<float>());
             return;
@@ -95,9 +100,12 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
         if (algo == Algo::kCpuBlocked || algo == Algo::kCpuDepthwise ||
             algo == Algo::kCpuNarrow || algo == Algo::kCpuFewPixels) {
           // Depthwise layers' wgrad is the narrow kernel's.
-          auto* run = algo == Algo::kCpuBlocked      ? &wgrad_blocked
-                      : algo == Algo::kCpuFewPixels ? &wgrad_few_pixels
-                                                    : &wgrad_narrow;
+          if (algo == Algo::kCpuFewPixels) {
+            wgrad_few_pixels(p, go.data_ptr<float>(), x.data_ptr<float>(),
+                             grad_w.data_ptr<float>());
+            return;
+          }
+          auto* run = algo == Algo::kCpuBlocked ? &wgrad_blocked : &wgrad_narrow;
           run(p, go.data_ptr<float>(), x.data_ptr<float>(), grad_w.data_ptr<float>());
           return;
         }
