@@ -654,71 +654,49 @@ __device__ __forceinline__ void wgmma_tf32_ss(float (&d)[kFrags][4], uint64_t de
                DESC_A ", " DESC_B ", p, 1, 1, 0, 0;\n}\n"                                   \
                : __VA_ARGS__                                                                 \
                : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)))
-#define CONV2D_EXT_WGMMA_REGS_8 \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+// The accumulator operands of 8, 16 or 32 n8 fragments (each list extends
+// the one before it), and their register lists.
+#define CONV2D_EXT_WGMMA_FRAG(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 #define CONV2D_EXT_WGMMA_ACC_8 \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
-  "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
-  "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-#define CONV2D_EXT_WGMMA_REGS_16 \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+  CONV2D_EXT_WGMMA_FRAG(0), CONV2D_EXT_WGMMA_FRAG(1), CONV2D_EXT_WGMMA_FRAG(2), \
+  CONV2D_EXT_WGMMA_FRAG(3), CONV2D_EXT_WGMMA_FRAG(4), CONV2D_EXT_WGMMA_FRAG(5), \
+  CONV2D_EXT_WGMMA_FRAG(6), CONV2D_EXT_WGMMA_FRAG(7)
 #define CONV2D_EXT_WGMMA_ACC_16 \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
-  "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
-  "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
-  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-  "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
-  "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
-  "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
-  "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
-  "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-  "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-#define CONV2D_EXT_WGMMA_REGS_32 \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}"
+  CONV2D_EXT_WGMMA_ACC_8, \
+  CONV2D_EXT_WGMMA_FRAG(8), CONV2D_EXT_WGMMA_FRAG(9), CONV2D_EXT_WGMMA_FRAG(10), \
+  CONV2D_EXT_WGMMA_FRAG(11), CONV2D_EXT_WGMMA_FRAG(12), CONV2D_EXT_WGMMA_FRAG(13), \
+  CONV2D_EXT_WGMMA_FRAG(14), CONV2D_EXT_WGMMA_FRAG(15)
 #define CONV2D_EXT_WGMMA_ACC_32 \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
-  "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
-  "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
-  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-  "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
-  "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
-  "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
-  "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
-  "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-  "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), \
-  "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), \
-  "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), \
-  "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), \
-  "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), \
-  "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), \
-  "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), \
-  "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), \
-  "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), \
-  "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), \
-  "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), \
-  "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), \
-  "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), \
-  "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), \
-  "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), \
-  "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), \
-  "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+  CONV2D_EXT_WGMMA_ACC_16, \
+  CONV2D_EXT_WGMMA_FRAG(16), CONV2D_EXT_WGMMA_FRAG(17), CONV2D_EXT_WGMMA_FRAG(18), \
+  CONV2D_EXT_WGMMA_FRAG(19), CONV2D_EXT_WGMMA_FRAG(20), CONV2D_EXT_WGMMA_FRAG(21), \
+  CONV2D_EXT_WGMMA_FRAG(22), CONV2D_EXT_WGMMA_FRAG(23), CONV2D_EXT_WGMMA_FRAG(24), \
+  CONV2D_EXT_WGMMA_FRAG(25), CONV2D_EXT_WGMMA_FRAG(26), CONV2D_EXT_WGMMA_FRAG(27), \
+  CONV2D_EXT_WGMMA_FRAG(28), CONV2D_EXT_WGMMA_FRAG(29), CONV2D_EXT_WGMMA_FRAG(30), \
+  CONV2D_EXT_WGMMA_FRAG(31)
+#define CONV2D_EXT_WGMMA_LIST_8 \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15" \
+  ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define CONV2D_EXT_WGMMA_LIST_16 \
+  CONV2D_EXT_WGMMA_LIST_8 \
+  ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47" \
+  ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define CONV2D_EXT_WGMMA_LIST_32 \
+  CONV2D_EXT_WGMMA_LIST_16 \
+  ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79" \
+  ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95" \
+  ",%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111" \
+  ",%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+#define CONV2D_EXT_WGMMA_REGS_8 "{" CONV2D_EXT_WGMMA_LIST_8 "}"
+#define CONV2D_EXT_WGMMA_REGS_16 "{" CONV2D_EXT_WGMMA_LIST_16 "}"
+#define CONV2D_EXT_WGMMA_REGS_32 "{" CONV2D_EXT_WGMMA_LIST_32 "}"
+// The same wgmma in either 16-bit type, kBf16's.
+#define CONV2D_EXT_WGMMA_16BIT_EITHER(N, REGS, DESC_A, DESC_B, PRED, ...)               \
+  if constexpr (kBf16) {                                                              \
+    CONV2D_EXT_WGMMA_16BIT_SS(N, "bf16", REGS, DESC_A, DESC_B, PRED, __VA_ARGS__);    \
+  } else {                                                                            \
+    CONV2D_EXT_WGMMA_16BIT_SS(N, "f16", REGS, DESC_A, DESC_B, PRED, __VA_ARGS__);     \
+  }
 
 // kBf16: bfloat16 operands, else float16.
 template <int kFrags, bool kBf16>
@@ -726,25 +704,15 @@ __device__ __forceinline__ void wgmma_16bit_ss(float (&d)[kFrags][4], uint64_t d
                                                uint64_t desc_b, bool accumulate) {
   static_assert(kFrags == 8 || kFrags == 16 || kFrags == 32, "N is 64, 128 or 256");
 #ifdef CONV2D_EXT_WGMMA
-  constexpr bool n64 = kFrags == 8, n128 = kFrags == 16;
-  if constexpr (n64 && kBf16) {
-    CONV2D_EXT_WGMMA_16BIT_SS(64, "bf16", CONV2D_EXT_WGMMA_REGS_8, "%32", "%33", "%34",
-                              CONV2D_EXT_WGMMA_ACC_8);
-  } else if constexpr (n64) {
-    CONV2D_EXT_WGMMA_16BIT_SS(64, "f16", CONV2D_EXT_WGMMA_REGS_8, "%32", "%33", "%34",
-                              CONV2D_EXT_WGMMA_ACC_8);
-  } else if constexpr (n128 && kBf16) {
-    CONV2D_EXT_WGMMA_16BIT_SS(128, "bf16", CONV2D_EXT_WGMMA_REGS_16, "%64", "%65", "%66",
-                              CONV2D_EXT_WGMMA_ACC_16);
-  } else if constexpr (n128) {
-    CONV2D_EXT_WGMMA_16BIT_SS(128, "f16", CONV2D_EXT_WGMMA_REGS_16, "%64", "%65", "%66",
-                              CONV2D_EXT_WGMMA_ACC_16);
-  } else if constexpr (kBf16) {
-    CONV2D_EXT_WGMMA_16BIT_SS(256, "bf16", CONV2D_EXT_WGMMA_REGS_32, "%128", "%129", "%130",
-                              CONV2D_EXT_WGMMA_ACC_32);
+  if constexpr (kFrags == 8) {
+    CONV2D_EXT_WGMMA_16BIT_EITHER(64, CONV2D_EXT_WGMMA_REGS_8, "%32", "%33", "%34",
+                                  CONV2D_EXT_WGMMA_ACC_8)
+  } else if constexpr (kFrags == 16) {
+    CONV2D_EXT_WGMMA_16BIT_EITHER(128, CONV2D_EXT_WGMMA_REGS_16, "%64", "%65", "%66",
+                                  CONV2D_EXT_WGMMA_ACC_16)
   } else {
-    CONV2D_EXT_WGMMA_16BIT_SS(256, "f16", CONV2D_EXT_WGMMA_REGS_32, "%128", "%129", "%130",
-                              CONV2D_EXT_WGMMA_ACC_32);
+    CONV2D_EXT_WGMMA_16BIT_EITHER(256, CONV2D_EXT_WGMMA_REGS_32, "%128", "%129", "%130",
+                                  CONV2D_EXT_WGMMA_ACC_32)
   }
 #else
   __trap();  // the plan never picks wgmma kernels without sm_90a code
