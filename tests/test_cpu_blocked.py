@@ -225,7 +225,7 @@ DEPTHWISE = {
     # Column strides 2 and 3: rows split into phase rows.
     "3x3_stride_2": (2, 12, 17, 35, 1, (3, 3), 2, 1, 1, True),
     "5x5_stride_3_dilated": (1, 8, 19, 40, 2, (5, 5), (1, 3), 2, (1, 2), False),
-    # Over 1024 output pixels: channels_last wgrad sums two chunks of rows.
+    # Over 256 KiB of operands: channels_last wgrad sums chunks of rows.
     "3x3_two_chunks": (1, 48, 40, 37, 1, (3, 3), 1, 1, 1, False),
     # Padding of the kernel's whole reach: every run of a row at an edge.
     "3x3_pad_2": (2, 16, 6, 5, 1, (3, 3), 1, 2, 1, True),
@@ -238,7 +238,7 @@ DEPTHWISE = {
     "3x3_one_column": (1, 16, 100, 1, 1, (3, 3), 1, 1, 1, True),
     "7x7_two_columns": (1, 20, 40, 2, 1, (7, 7), 1, 3, 1, False),
     # Operands past 1 MiB: channels_last forwards by single rows, wgrad
-    # prefetching.
+    # prefetching (each chunk's later channel passes the next chunk).
     "3x3_past_l2": (1, 32, 96, 90, 1, (3, 3), 1, 1, 1, True),
     "5x5_past_l2": (1, 48, 70, 70, 1, (5, 5), 1, 2, 1, False),
 }

@@ -765,6 +765,40 @@ struct DwWgradNhwcProblem {
   bool fetch;              // whether the operands come from memory (prefetched)
 };
 
+// The operands a chunk reads, as two runs of floats: its grad_output rows
+// and the input rows under them (from the first row's top tap to the last
+// row's bottom one, the rows between images included).
+struct ChunkSpan {
+  int64_t go_begin, go_end, x_begin, x_end;
+};
+
+inline ChunkSpan chunk_span(const DwWgradNhwcProblem& a, int64_t chunk) {
+  const ConvParams& p = a.p;
+  const int64_t C = p.out_channels, rows = p.batch * p.out_h;
+  const int64_t t0 = chunk * a.chunk_rows, t1 = std::min<int64_t>(t0 + a.chunk_rows, rows);
+  auto x_row = [&](int64_t t, int64_t r) {  // the input row (over the batch) tap row r reads
+    const int64_t n = t / p.out_h, ih = (t % p.out_h) * p.stride_h - p.pad_h + r * p.dilation_h;
+    return n * p.in_h + std::clamp<int64_t>(ih, 0, p.in_h - 1);
+  };
+  return {t0 * p.out_w * C, t1 * p.out_w * C, x_row(t0, 0) * p.in_w * C,
+          (x_row(t1 - 1, p.kernel_h - 1) + 1) * p.in_w * C};
+}
+
+// Share q of `shares` of the next chunk's operands brought towards the
+// core (a 64-byte line at a time) while this chunk's later channel passes
+// compute from cache: that chunk's first pass then finds its operands
+// there rather than waiting on memory for each line.
+inline void fetch_chunk_share(const DwWgradNhwcProblem& a, const ChunkSpan& span, int64_t q,
+                              int64_t shares) {
+  const int64_t go_lines = (span.go_end - span.go_begin + 15) / 16;
+  const int64_t lines = go_lines + (span.x_end - span.x_begin + 15) / 16;
+  const int64_t lo = lines * q / shares, hi = lines * (q + 1) / shares;
+  for (int64_t l = lo; l < hi; ++l)
+    __builtin_prefetch(l < go_lines ? a.go + span.go_begin + 16 * l
+                                    : a.x + span.x_begin + 16 * (l - go_lines),
+                       0, 2);
+}
+
 // Kernel rows a pass takes together: each run's grad_output vectors serve
 // all of them, and their kRows x kS sums are that many independent chains
 // of multiply-adds (one row's kS alone would wait on the adds' latency);
@@ -820,7 +854,9 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_run(
 template <typename T, int kS>
 __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwcProblem& a,
                                                                int64_t chunk, int64_t c0,
-                                                               int64_t lane0, bool first) {
+                                                               int64_t lane0, bool first,
+                                                               const ChunkSpan* next,
+                                                               int64_t share, int64_t shares) {
   typedef typename Vectors<T>::vec vec;
   typedef typename Vectors<T>::unaligned unaligned;
   constexpr int kP = T::kOW, kRows = wgrad_rows<T, kS>();
@@ -852,6 +888,7 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwc
       // kernel rows) fetches the next row's pixels whole, every channel, for
       // it and the chunk's later passes (each pass alone reads one line of
       // a pixel's channels, a stride the memory serves slowly).
+      if (next && r0 == 0) fetch_chunk_share(a, *next, share + (t - t0), shares);
       const bool fetch = a.fetch && first && r0 == 0 && t + 1 < t1;
       const int64_t oh_next = (t + 1) % p.out_h, n_next = (t + 1) / p.out_h;
       const int64_t ih_next = oh_next * p.stride_h - p.pad_h +
@@ -900,12 +937,18 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_range(const DwWgradNhwc
     const int64_t chunk = t / blocks, b = t % blocks;
     const int64_t c0 = std::min<int64_t>(b * T::kVL, C - T::kVL), lane0 = b * T::kVL - c0;
     const bool first = t == begin || b == 0;  // the range's first pass over the chunk
+    // The later passes over a chunk fetch the next chunk (if this range
+    // runs it next), a share a row.
+    const bool ahead = a.fetch && b > 0 && (chunk + 1) * blocks < end;
+    const ChunkSpan next = ahead ? chunk_span(a, chunk + 1) : ChunkSpan{};
+    const int64_t share = (b - 1) * a.chunk_rows, shares = (blocks - 1) * a.chunk_rows;
+    const ChunkSpan* n = ahead ? &next : nullptr;
     if (p.kernel_w == 3) {
-      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0, lane0, first);
+      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0, lane0, first, n, share, shares);
     } else if (p.kernel_w == 5) {
-      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0, lane0, first);
+      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0, lane0, first, n, share, shares);
     } else {
-      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0, lane0, first);
+      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0, lane0, first, n, share, shares);
     }
   }
 }
@@ -1400,9 +1443,12 @@ void wgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const floa
   const int64_t vl = pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
   const int64_t C = p.out_channels, taps = p.taps(), rows = p.batch * p.out_h;
   const int64_t blocks = (C + vl - 1) / vl;
-  // Chunks of about kChunkPixels pixels, whatever the thread count.
-  constexpr int64_t kChunkPixels = 1024;
-  const int64_t chunk_rows = std::max<int64_t>(1, kChunkPixels / p.out_w);
+  // Chunks of a fixed number of rows whatever the thread count: about
+  // kChunkBytes of grad_output and input, so that a chunk and the next one
+  // fetched beside it both stay in a core's L2.
+  constexpr int64_t kChunkBytes = 256 << 10;
+  const int64_t row_bytes = int64_t(sizeof(float)) * C * (p.out_w + p.in_w * p.stride_h);
+  const int64_t chunk_rows = std::max<int64_t>(1, kChunkBytes / row_bytes);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
   std::vector<float> partial(size_t(chunks * taps * C));
   const bool fetch = int64_t(sizeof(float)) * C *
