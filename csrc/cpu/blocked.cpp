@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace conv2d_ext {
@@ -77,71 +78,127 @@ std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb,
   return packed;
 }
 
-// Output row `oh` of image n, group g, output channels k0 .. k0 + kKB of
-// the group (kvalid of them real). `rows`: the input rows the output row
-// reads (row_inputs), [C per group][R][wp], or with kNhwc (channels_last
-// operands, one group) [R][wp][C].
-template <typename T, bool kNhwc>
-__attribute__((always_inline)) inline void row_block(const ConvParams& p, const float* rows,
-                                                     int64_t wp, const float* wpk,
-                                                     const float* bias, float* y, int64_t n,
-                                                     int64_t g, int64_t kblock, int64_t oh) {
+// kOW pixels from ow0 of an output row x the kKB output channels of a
+// block (kvalid of them real), written to yrow (at the block's first
+// channel). `rows`, wblock, bias_v: as row_block holds them.
+struct PixelBlock {
+  const ConvParams& p;
+  const float *rows, *wblock, *bias_v;  // bias_v: the block's kKB biases (zeros past kvalid)
+  float* yrow;
+  int64_t wp, kvalid;
+};
+
+template <typename T, int kOW, bool kNhwc>
+__attribute__((always_inline)) inline void pixel_block(const PixelBlock& b, int64_t ow0) {
+  const ConvParams& p = b.p;
+  const float *rows = b.rows, *wblock = b.wblock;
+  const int64_t wp = b.wp;
   typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
   typedef float vec_unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
-  constexpr int kVL = T::kVL, kNV = T::kNV, kOW = T::kOW, kKB = T::kKB;
-  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
-  const int64_t taps = p.taps();
-  const int64_t k0 = kblock * kKB, kvalid = std::min<int64_t>(kKB, cout - k0);
-  const int64_t blocks = (cout + kKB - 1) / kKB;
-  const float* wblock = wpk + (g * blocks + kblock) * cin * taps * kKB;
+  constexpr int kVL = T::kVL, kNV = T::kNV, kKB = T::kKB;
+  const int64_t cin = p.in_channels_per_group(), taps = p.taps();
   const int64_t sw = p.stride_w, dw = p.dilation_w;
   // Strides in `rows` of an input channel, a kernel row and a pixel.
   const int64_t channel_step = kNhwc ? 1 : p.kernel_h * wp;
   const int64_t tap_row_step = kNhwc ? wp * cin : wp;
   const int64_t pixel_step = kNhwc ? cin : 1;
-  float* yrow = kNhwc ? y + ((n * p.out_h + oh) * p.out_w) * p.out_channels + k0
-                      : y + ((n * p.out_channels + g * cout + k0) * p.out_h + oh) * p.out_w;
-  const int64_t plane = p.out_h * p.out_w;
-
-  vec bias_v[kNV];
-  for (int v = 0; v < kNV; ++v)
-    for (int l = 0; l < kVL; ++l) {
-      const int64_t k = v * kVL + l;
-      bias_v[v][l] = bias && k < kvalid ? bias[g * cout + k0 + k] : 0.f;
-    }
-  for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kOW) {
-    vec acc[kOW][kNV];
-    for (int j = 0; j < kOW; ++j)
-      for (int v = 0; v < kNV; ++v) acc[j][v] = bias_v[v];
-    for (int64_t c = 0; c < cin; ++c) {
-      const float* wc = wblock + c * taps * kKB;
-      for (int64_t r = 0; r < p.kernel_h; ++r) {
-        const float* xr = rows + c * channel_step + r * tap_row_step + ow0 * sw * pixel_step;
-        for (int64_t s = 0; s < p.kernel_w; ++s) {
-          vec wv[kNV];
-          const float* wt = wc + (r * p.kernel_w + s) * kKB;
-          for (int v = 0; v < kNV; ++v) wv[v] = *reinterpret_cast<const vec_unaligned*>(wt + v * kVL);
-          const float* xs = xr + s * dw * pixel_step;
+  vec acc[kOW][kNV];
+  for (int j = 0; j < kOW; ++j)
+    for (int v = 0; v < kNV; ++v)
+      acc[j][v] = *reinterpret_cast<const vec_unaligned*>(b.bias_v + v * kVL);
+  for (int64_t c = 0; c < cin; ++c) {
+    const float* wc = wblock + c * taps * kKB;
+    for (int64_t r = 0; r < p.kernel_h; ++r) {
+      const float* xr = rows + c * channel_step + r * tap_row_step + ow0 * sw * pixel_step;
+      for (int64_t s = 0; s < p.kernel_w; ++s) {
+        vec wv[kNV];
+        const float* wt = wc + (r * p.kernel_w + s) * kKB;
+        for (int v = 0; v < kNV; ++v) wv[v] = *reinterpret_cast<const vec_unaligned*>(wt + v * kVL);
+        const float* xs = xr + s * dw * pixel_step;
 #pragma GCC unroll 16
-          for (int j = 0; j < kOW; ++j) {
-            const float xv = xs[j * sw * pixel_step];
+        for (int j = 0; j < kOW; ++j) {
+          const float xv = xs[j * sw * pixel_step];
 #pragma GCC unroll 4
-            for (int v = 0; v < kNV; ++v) acc[j][v] += xv * wv[v];
-          }
+          for (int v = 0; v < kNV; ++v) acc[j][v] += xv * wv[v];
         }
       }
     }
-    // [pixel][channel] registers to NCHW rows, or to NHWC pixels as they are.
-    const int64_t count = std::min<int64_t>(kOW, p.out_w - ow0);
-    float out[kOW][kKB];
-    std::memcpy(out, acc, sizeof(out));
-    if (kNhwc) {
-      for (int64_t j = 0; j < count; ++j)
-        std::memcpy(yrow + (ow0 + j) * p.out_channels, out[j], size_t(kvalid) * sizeof(float));
-    } else {
-      for (int64_t k = 0; k < kvalid; ++k)
-        for (int64_t j = 0; j < count; ++j) yrow[k * plane + ow0 + j] = out[j][k];
-    }
+  }
+  // [pixel][channel] registers to NCHW rows, or to NHWC pixels as they are.
+  const int64_t count = std::min<int64_t>(kOW, p.out_w - ow0);
+  float out[kOW][kKB];
+  std::memcpy(out, acc, sizeof(out));
+  if (kNhwc) {
+    for (int64_t j = 0; j < count; ++j)
+      std::memcpy(b.yrow + (ow0 + j) * p.out_channels, out[j], size_t(b.kvalid) * sizeof(float));
+  } else {
+    const int64_t plane = p.out_h * p.out_w;
+    for (int64_t k = 0; k < b.kvalid; ++k)
+      for (int64_t j = 0; j < count; ++j) b.yrow[k * plane + ow0 + j] = out[j][k];
+  }
+}
+
+// The smaller blocks, for a row's last pixels, compiled alone per
+// instruction set: inlined beside the full blocks, their live values crowd
+// the registers and the full blocks' weights spill.
+template <int kOW, bool kNhwc>
+CONV2D_EXT_TARGET("avx512f") __attribute__((noinline)) void pixel_block_avx512(
+    const PixelBlock& b, int64_t ow0) {
+  pixel_block<Avx512, kOW, kNhwc>(b, ow0);
+}
+template <int kOW, bool kNhwc>
+CONV2D_EXT_TARGET("avx2,fma") __attribute__((noinline)) void pixel_block_avx2(
+    const PixelBlock& b, int64_t ow0) {
+  pixel_block<Avx2, kOW, kNhwc>(b, ow0);
+}
+template <int kOW, bool kNhwc>
+__attribute__((noinline)) void pixel_block_baseline(const PixelBlock& b, int64_t ow0) {
+  pixel_block<Baseline, kOW, kNhwc>(b, ow0);
+}
+template <typename T, int kOW, bool kNhwc>
+__attribute__((always_inline)) inline void run_pixel_block(const PixelBlock& b, int64_t ow0) {
+  if constexpr (std::is_same_v<T, Avx512>) {
+    pixel_block_avx512<kOW, kNhwc>(b, ow0);
+  } else if constexpr (std::is_same_v<T, Avx2>) {
+    pixel_block_avx2<kOW, kNhwc>(b, ow0);
+  } else {
+    pixel_block_baseline<kOW, kNhwc>(b, ow0);
+  }
+}
+
+// Output row `oh` of image n, group g, output channels k0 .. k0 + kKB of
+// the group (kvalid of them real). `rows`: the input rows the output row
+// reads (row_inputs), [C per group][R][wp], or with kNhwc (channels_last
+// operands, one group) [R][wp][C]. Blocks of kOW pixels, and the row's
+// last few pixels in a block of a third or two thirds of kOW where that
+// holds them (a row of 14 pixels: 12 and 4, not 12 and 12).
+template <typename T, bool kNhwc>
+__attribute__((always_inline)) inline void row_block(const ConvParams& p, const float* rows,
+                                                     int64_t wp, const float* wpk,
+                                                     const float* bias, float* y, int64_t n,
+                                                     int64_t g, int64_t kblock, int64_t oh) {
+  constexpr int kOW = T::kOW, kKB = T::kKB;
+  constexpr int kThird = (kOW + 2) / 3, kTwoThirds = 2 * kOW / 3;
+  const int64_t cin = p.in_channels_per_group(), cout = p.out_channels_per_group();
+  const int64_t taps = p.taps();
+  const int64_t k0 = kblock * kKB, kvalid = std::min<int64_t>(kKB, cout - k0);
+  const int64_t blocks = (cout + kKB - 1) / kKB;
+  const float* wblock = wpk + (g * blocks + kblock) * cin * taps * kKB;
+  float* yrow = kNhwc ? y + ((n * p.out_h + oh) * p.out_w) * p.out_channels + k0
+                      : y + ((n * p.out_channels + g * cout + k0) * p.out_h + oh) * p.out_w;
+  alignas(64) float bias_v[kKB];
+  for (int64_t k = 0; k < kKB; ++k) bias_v[k] = bias && k < kvalid ? bias[g * cout + k0 + k] : 0.f;
+  const PixelBlock b{p, rows, wblock, bias_v, yrow, wp, kvalid};
+  int64_t ow0 = 0;
+  for (; ow0 + kOW <= p.out_w; ow0 += kOW) pixel_block<T, kOW, kNhwc>(b, ow0);
+  const int64_t tail = p.out_w - ow0;
+  if (tail == 0) return;
+  if (tail <= kThird) {
+    run_pixel_block<T, kThird, kNhwc>(b, ow0);
+  } else if (tail <= kTwoThirds) {
+    run_pixel_block<T, kTwoThirds, kNhwc>(b, ow0);
+  } else {
+    pixel_block<T, kOW, kNhwc>(b, ow0);
   }
 }
 
