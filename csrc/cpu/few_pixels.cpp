@@ -115,25 +115,38 @@ std::vector<float> gather_columns(const ConvParams& p, const float* x, bool nhwc
 }
 
 // The same transposed, colT [group][J][mpad]: row j = (channel, tap) holds
-// every pixel's value under that tap, zeros past M.
+// every pixel's value under that tap, zeros past M. Each (tap, pixel)'s
+// input offset (channel 0 of group 0; -1 in the padding) is found once,
+// not once per channel: the divisions that split a pixel index into
+// (image, row, column) would cost more than the copy.
 std::vector<float> gather_columns_t(const ConvParams& p, const float* x, int64_t mpad,
                                     bool nhwc) {
   const Geometry G = geometry(p, nhwc);
   const int64_t cin = p.in_channels_per_group(), pq = p.out_h * p.out_w;
+  const int64_t taps = p.taps();
+  std::vector<int64_t> offset(size_t(taps * G.m));
+  for (int64_t m = 0; m < G.m; ++m) {
+    const int64_t n = m / pq, oh = (m % pq) / p.out_w, ow = m % p.out_w;
+    for (int64_t r = 0; r < p.kernel_h; ++r)
+      for (int64_t s = 0; s < p.kernel_w; ++s) {
+        const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+        const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
+        const bool in = ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w;
+        offset[size_t((r * p.kernel_w + s) * G.m + m)] = in ? x_offset(p, nhwc, n, 0, ih, iw) : -1;
+      }
+  }
+  const int64_t channel_step = nhwc ? 1 : p.in_h * p.in_w;
   std::vector<float> colt(size_t(G.groups * G.j * mpad), 0.f);
   at::parallel_for(0, G.groups * cin, 1, [&](int64_t begin, int64_t end) {
     for (int64_t gc = begin; gc < end; ++gc) {
       const int64_t g = gc / cin, c = gc % cin;
+      const float* xc = x + (g * cin + c) * channel_step;
       for (int64_t r = 0; r < p.kernel_h; ++r)
         for (int64_t s = 0; s < p.kernel_w; ++s) {
           float* dst = colt.data() + (g * G.j + column(p, nhwc, c, r, s)) * mpad;
-          for (int64_t m = 0; m < G.m; ++m) {
-            const int64_t n = m / pq, oh = (m % pq) / p.out_w, ow = m % p.out_w;
-            const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
-            const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dilation_w;
-            if (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w)
-              dst[m] = x[x_offset(p, nhwc, n, g * cin + c, ih, iw)];
-          }
+          const int64_t* off = offset.data() + (r * p.kernel_w + s) * G.m;
+          for (int64_t m = 0; m < G.m; ++m)
+            if (off[m] >= 0) dst[m] = xc[off[m]];
         }
     }
   });
@@ -157,11 +170,18 @@ std::vector<float> gather_grad_out(const ConvParams& p, const float* go, bool nh
   return out;
 }
 
-// Where output pixel m of output channel k (of all K) lies in y.
-inline int64_t y_offset(const ConvParams& p, bool nhwc, int64_t k, int64_t m) {
-  if (nhwc) return m * p.out_channels + k;
-  const int64_t pq = p.out_h * p.out_w;
-  return ((m / pq) * p.out_channels + k) * pq + m % pq;
+// Where output pixel m of output channel 0 lies in y, for every m (output
+// channel k at k * out_step(p, nhwc) from there): found once, not by
+// dividing m for every value written.
+std::vector<int64_t> y_offsets(const ConvParams& p, bool nhwc) {
+  const int64_t pq = p.out_h * p.out_w, m = p.batch * pq;
+  std::vector<int64_t> at(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i)
+    at[size_t(i)] = nhwc ? i * p.out_channels : (i / pq) * p.out_channels * pq + i % pq;
+  return at;
+}
+inline int64_t out_step(const ConvParams& p, bool nhwc) {
+  return nhwc ? 1 : p.out_h * p.out_w;
 }
 
 template <typename T>
@@ -189,6 +209,8 @@ struct Fprop {
   const float *col, *w, *bias;
   float* y;
   Geometry G;
+  const int64_t* y_at;  // y_offsets
+  int64_t k_step;       // out_step
 };
 
 template <typename T>
@@ -215,14 +237,13 @@ __attribute__((always_inline)) inline void fprop_tile(const Fprop& a, int64_t g,
 #pragma GCC unroll 4
       for (int q = 0; q < kPix; ++q) acc[r][q] += wv[r] * cv[q];
   }
-  for (int r = 0; r < kRows && k0 + r < G.kg; ++r) {
-    const int64_t k = g * G.kg + k0 + r;
-    for (int q = 0; q < kPix && m0 + q < G.m; ++q) {
+  for (int q = 0; q < kPix && m0 + q < G.m; ++q)
+    for (int r = 0; r < kRows && k0 + r < G.kg; ++r) {
+      const int64_t k = g * G.kg + k0 + r;
       float sum = lane_sum<T>(acc[r][q]);
       for (int64_t j = jv; j < G.j; ++j) sum += wr[r][j] * cr[q][j];
-      a.y[y_offset(a.p, G.nhwc, k, m0 + q)] = sum + (a.bias ? a.bias[k] : 0.f);
+      a.y[a.y_at[m0 + q] + k * a.k_step] = sum + (a.bias ? a.bias[k] : 0.f);
     }
-  }
 }
 
 template <typename T>
@@ -247,6 +268,8 @@ struct FpropT {
   float* y;
   Geometry G;
   int64_t mpad;
+  const int64_t* y_at;  // y_offsets
+  int64_t k_step;       // out_step
 };
 
 template <typename T>
@@ -271,13 +294,17 @@ __attribute__((always_inline)) inline void fprop_t_tile(const FpropT& a, int64_t
       for (int c = 0; c < kCols; ++c) acc[r][c] += wv * cv[c];
     }
   }
-  float out[kCols * T::kVL];
-  for (int r = 0; r < kRows && k0 + r < G.kg; ++r) {
-    const int64_t k = g * G.kg + k0 + r;
-    const float b = a.bias ? a.bias[k] : 0.f;
-    std::memcpy(out, acc[r], sizeof(out));
-    for (int64_t q = 0; q < kCols * T::kVL && m0 + q < G.m; ++q)
-      a.y[y_offset(a.p, G.nhwc, k, m0 + q)] = out[q] + b;
+  float out[kRows][kCols * T::kVL];
+  std::memcpy(out, acc, sizeof(out));
+  const int64_t rows = std::min<int64_t>(kRows, G.kg - k0);
+  const int64_t pixels = std::min<int64_t>(kCols * T::kVL, G.m - m0);
+  float b[kRows];
+  for (int r = 0; r < kRows; ++r) b[r] = a.bias && r < rows ? a.bias[g * G.kg + k0 + r] : 0.f;
+  // A pixel's rows together: adjacent in channels_last (not a line apart
+  // as each row's pixels are).
+  for (int64_t q = 0; q < pixels; ++q) {
+    float* yq = a.y + a.y_at[m0 + q] + (g * G.kg + k0) * a.k_step;
+    for (int64_t r = 0; r < rows; ++r) yq[r * a.k_step] = out[r][q] + b[r];
   }
 }
 
@@ -455,19 +482,20 @@ void fprop_few_pixels(const ConvParams& p, const float* x, const float* w, const
       pick(i, chunk_floats<Avx512>(), chunk_floats<Avx2>(), chunk_floats<Baseline>());
   const int64_t mpad = (G.m + width - 1) / width * width;
   const int64_t kblocks = (G.kg + kRows - 1) / kRows;
+  const std::vector<int64_t> y_at = y_offsets(p, nhwc);
   // Pixels filling at least 3/4 of their vectors, and a short J (longer
   // ones amortise the lanes' sum, and the pixel form's broadcasts from four
   // weight rows cost more than its math saves).
   if (4 * G.m >= 3 * mpad && G.j <= 256) {
     const std::vector<float> colt = gather_columns_t(p, x, mpad, nhwc);
-    const FpropT a{p, colt.data(), w, bias, y, G, mpad};
+    const FpropT a{p, colt.data(), w, bias, y, G, mpad, y_at.data(), out_step(p, nhwc)};
     auto* run = pick(i, &fprop_t_avx512, &fprop_t_avx2, &fprop_t_baseline);
     at::parallel_for(0, G.groups * kblocks, 1,
                      [&](int64_t begin, int64_t end) { run(a, begin, end); });
     return;
   }
   const std::vector<float> col = gather_columns(p, x, nhwc);
-  const Fprop a{p, col.data(), w, bias, y, G};
+  const Fprop a{p, col.data(), w, bias, y, G, y_at.data(), out_step(p, nhwc)};
   auto* run = pick(i, &fprop_avx512, &fprop_avx2, &fprop_baseline);
   at::parallel_for(0, G.groups * ((G.kg + kRows - 1) / kRows), 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
