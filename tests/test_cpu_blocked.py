@@ -25,6 +25,9 @@ CASES = {
     "1x1_wide_k": (3, 70, 9, 7, 100, (1, 1), 1, 0, 1, 1, True),
     "strided_asym": (2, 6, 23, 19, 24, (3, 5), (2, 3), (1, 2), 1, 1, True),
     "grouped": (2, 24, 11, 14, 48, (3, 3), 1, 1, 1, 2, True),
+    # Each group's output channels whole channel blocks (AVX-512's 32,
+    # AVX2's 16): channels_last wgrad reads grad_output as it is.
+    "grouped_whole_blocks": (2, 40, 9, 13, 64, (3, 3), 1, 1, 1, 2, True),
     "pad_past_reach": (1, 4, 6, 5, 16, (2, 2), 1, 3, 1, 1, False),
     # One output pixel a row, over more images than the few-pixel kernels take.
     "one_pixel_out": (70, 9, 5, 5, 20, (5, 5), 1, 0, 1, 1, True),
@@ -74,8 +77,8 @@ def test_forward_against_float64(isa_name, case, layout):
         y = conv2d_ext.conv2d(x, w, b, **kw)
     isa_here = report.split("isa=")[-1].split()[0]
     assert report.startswith("cpu_blocked"), report
-    # One group in channels_last runs on the channels_last operands.
-    assert ("layout=nhwc" in report) == (layout == "channels_last" and kw["groups"] == 1), report
+    # channels_last runs on the channels_last operands, any groups.
+    assert ("layout=nhwc" in report) == (layout == "channels_last"), report
     if layout == "channels_last":
         assert y.is_contiguous(memory_format=torch.channels_last)
     assert isa_here in ("avx512", "avx2", "default")
@@ -99,8 +102,11 @@ def test_16_bit_runs_the_blocked_kernel(dtype):
 
 @pytest.mark.parametrize("case", ["3x3", "stem_7x7_s2", "grouped"])
 @pytest.mark.parametrize("pass_", ["forward", "backward_weight"])
-def test_same_bits_for_one_and_all_threads(case, pass_):
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_same_bits_for_one_and_all_threads(case, pass_, layout):
     x, w, b, kw = _operands(case)
+    if layout == "channels_last":
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
 
     def run():
         wg = w.clone().requires_grad_()
@@ -137,7 +143,7 @@ def test_strided_depthwise_dgrad_and_float64_keep_the_direct_loop():
 def test_strided_dgrad_by_phases_against_float64(isa_name, case, layout):
     """dgrad at stride > 1: one blocked forward per stride phase, each over
     its sub-kernel (phases no tap reaches are zeros); channels_last phases
-    on the channels_last operands for one group."""
+    on the channels_last operands."""
     x, w, b, kw = _operands(case)
     if layout == "channels_last":
         x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
@@ -149,7 +155,7 @@ def test_strided_dgrad_by_phases_against_float64(isa_name, case, layout):
         (gx,) = torch.autograd.grad(y, [xg], gy)
     strides = [kw["stride"]] * 2 if isinstance(kw["stride"], int) else kw["stride"]
     assert report.startswith("cpu_blocked") and f"phases={strides[0] * strides[1]}" in report
-    assert ("layout=nhwc" in report) == (layout == "channels_last" and kw["groups"] == 1), report
+    assert ("layout=nhwc" in report) == (layout == "channels_last"), report
     if layout == "channels_last":
         assert gx.is_contiguous(memory_format=torch.channels_last)
     _, gx64, _, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
@@ -165,7 +171,7 @@ def test_strided_dgrad_by_phases_against_float64(isa_name, case, layout):
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_unit_stride_dgrad_against_float64(isa_name, case, layout):
     """dgrad at unit stride runs the blocked forward on the transposed,
-    flipped weight (on the channels_last operands for one group)."""
+    flipped weight (on the channels_last operands)."""
     x, w, b, kw = _operands(case)
     if layout == "channels_last":
         x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
@@ -176,7 +182,7 @@ def test_unit_stride_dgrad_against_float64(isa_name, case, layout):
         gy = torch.randn_like(y)
         (gx,) = torch.autograd.grad(y, [xg], gy)
     assert report.split()[0] == "cpu_blocked", report
-    assert ("layout=nhwc" in report) == (layout == "channels_last" and kw["groups"] == 1), report
+    assert ("layout=nhwc" in report) == (layout == "channels_last"), report
     if layout == "channels_last":
         assert gx.is_contiguous(memory_format=torch.channels_last)
     _, gx64, _, _ = reference(x, w, b if b is not None else torch.zeros(w.shape[0]),
@@ -193,7 +199,7 @@ def test_unit_stride_dgrad_against_float64(isa_name, case, layout):
 def test_wgrad_against_float64(isa_name, case, layout):
     """wgrad on the blocked kernel: output channels x (channel, tap) entries
     summed over every pixel of the batch; channels_last operands and
-    grad_w ((tap, channel) entries) for one group."""
+    grad_w ((tap, channel) entries), any groups."""
     x, w, b, kw = _operands(case)
     if layout == "channels_last":
         x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
@@ -204,7 +210,7 @@ def test_wgrad_against_float64(isa_name, case, layout):
         gy = torch.randn_like(y)
         (gw,) = torch.autograd.grad(y, [wg], gy)
     assert report.split()[0] == "cpu_blocked", report
-    assert ("layout=nhwc" in report) == (layout == "channels_last" and kw["groups"] == 1), report
+    assert ("layout=nhwc" in report) == (layout == "channels_last"), report
     if layout == "channels_last":
         assert gw.is_contiguous(memory_format=torch.channels_last)
     _, _, gw64 = reference(x, w, None, kw["stride"], kw["padding"], kw["dilation"],

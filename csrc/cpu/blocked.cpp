@@ -98,10 +98,11 @@ __attribute__((always_inline)) inline void pixel_block(const PixelBlock& b, int6
   constexpr int kVL = T::kVL, kNV = T::kNV, kKB = T::kKB;
   const int64_t cin = p.in_channels_per_group(), taps = p.taps();
   const int64_t sw = p.stride_w, dw = p.dilation_w;
-  // Strides in `rows` of an input channel, a kernel row and a pixel.
+  // Strides in `rows` of an input channel, a kernel row and a pixel (a
+  // channels_last pixel holds every group's channels).
   const int64_t channel_step = kNhwc ? 1 : p.kernel_h * wp;
-  const int64_t tap_row_step = kNhwc ? wp * cin : wp;
-  const int64_t pixel_step = kNhwc ? cin : 1;
+  const int64_t tap_row_step = kNhwc ? wp * p.in_channels : wp;
+  const int64_t pixel_step = kNhwc ? p.in_channels : 1;
   vec acc[kOW][kNV];
   for (int j = 0; j < kOW; ++j)
     for (int v = 0; v < kNV; ++v)
@@ -169,7 +170,7 @@ __attribute__((always_inline)) inline void run_pixel_block(const PixelBlock& b, 
 // Output row `oh` of image n, group g, output channels k0 .. k0 + kKB of
 // the group (kvalid of them real). `rows`: the input rows the output row
 // reads (row_inputs), [C per group][R][wp], or with kNhwc (channels_last
-// operands, one group) [R][wp][C]. Blocks of kOW pixels, and the row's
+// operands) [R][wp][C], every group's channels. Blocks of kOW pixels, and the row's
 // last few pixels in a block of a third or two thirds of kOW where that
 // holds them (a row of 14 pixels: 12 and 4, not 12 and 12).
 template <typename T, bool kNhwc>
@@ -184,8 +185,9 @@ __attribute__((always_inline)) inline void row_block(const ConvParams& p, const 
   const int64_t k0 = kblock * kKB, kvalid = std::min<int64_t>(kKB, cout - k0);
   const int64_t blocks = (cout + kKB - 1) / kKB;
   const float* wblock = wpk + (g * blocks + kblock) * cin * taps * kKB;
-  float* yrow = kNhwc ? y + ((n * p.out_h + oh) * p.out_w) * p.out_channels + k0
+  float* yrow = kNhwc ? y + ((n * p.out_h + oh) * p.out_w) * p.out_channels + g * cout + k0
                       : y + ((n * p.out_channels + g * cout + k0) * p.out_h + oh) * p.out_w;
+  if (kNhwc) rows += g * cin;  // the group's channels of each pixel
   alignas(64) float bias_v[kKB];
   for (int64_t k = 0; k < kKB; ++k) bias_v[k] = bias && k < kvalid ? bias[g * cout + k0 + k] : 0.f;
   const PixelBlock b{p, rows, wblock, bias_v, yrow, wp, kvalid};
@@ -213,7 +215,7 @@ struct Problem {
 // The input rows output row oh of image n, group g reads, gathered from
 // their planes into one contiguous run [C per group][R][wp], so that the
 // pixel blocks' broadcasts walk one stream instead of C planes.
-// With kNhwc (one group), the R padded rows [wp][C] as they are.
+// With kNhwc, the R padded rows [wp][C] as they are (every group's).
 template <bool kNhwc>
 inline void row_inputs(const Problem& a, int64_t n, int64_t g, int64_t oh, float* rows) {
   const ConvParams& p = a.p;
@@ -235,12 +237,14 @@ inline void row_inputs(const Problem& a, int64_t n, int64_t g, int64_t oh, float
 }
 
 // Tasks [begin, end), one output row of one image and group each, in
-// (image, group, row) order; every channel block of the row.
+// (image, group, row) order; every channel block of the row. With kNhwc a
+// task is one output row of one image, every group's (its input rows
+// gathered once for all of them).
 template <typename T, bool kNhwc>
 __attribute__((always_inline)) inline void rows_range(const Problem& a, int64_t begin,
                                                       int64_t end) {
   const ConvParams& p = a.p;
-  const int64_t cin = p.in_channels_per_group();
+  const int64_t cin = kNhwc ? p.in_channels : p.in_channels_per_group();
   const int64_t blocks = (p.out_channels_per_group() + T::kKB - 1) / T::kKB;
   // The rows, and slack for the last pixel block's reads past their end.
   const int64_t row_floats = cin * p.kernel_h * a.wp;
@@ -248,10 +252,12 @@ __attribute__((always_inline)) inline void rows_range(const Problem& a, int64_t 
   std::vector<float> rows(size_t(row_floats + slack), 0.f);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t oh = t % p.out_h, ng = t / p.out_h;
-    const int64_t g = ng % p.groups, n = ng / p.groups;
-    row_inputs<kNhwc>(a, n, g, oh, rows.data());
-    for (int64_t kblock = 0; kblock < blocks; ++kblock)
-      row_block<T, kNhwc>(p, rows.data(), a.wp, a.wpk, a.bias, a.y, n, g, kblock, oh);
+    const int64_t groups = kNhwc ? p.groups : 1;
+    const int64_t g0 = kNhwc ? 0 : ng % p.groups, n = kNhwc ? ng : ng / p.groups;
+    row_inputs<kNhwc>(a, n, g0, oh, rows.data());
+    for (int64_t g = g0; g < g0 + groups; ++g)
+      for (int64_t kblock = 0; kblock < blocks; ++kblock)
+        row_block<T, kNhwc>(p, rows.data(), a.wp, a.wpk, a.bias, a.y, n, g, kblock, oh);
   }
 }
 template <typename T>
@@ -285,14 +291,19 @@ struct WgradProblem {
   const ConvParams& p;
   const float *xpad, *go_t;  // padded input; grad_output repacked
   float* gw;
-  int64_t hp, wp, kpad;  // kpad: channels of go_t per pixel (blocks of kKB)
+  int64_t hp, wp, kpad;  // kpad: a group's channels of go_t (blocks of kKB)
   int64_t tiles_per_task;  // entry tiles a task owns
+  // go_t's stride from one pixel to the next and from one group to the
+  // next: [group][image][row][column][kpad], or channels_last
+  // [image][row][column][group][kpad].
+  int64_t go_pixel, go_group;
 };
 
 // Each entry's input offset from its pixel's (image, row) base; entries
 // past the end repeat the last one and are dropped. Entries are (channel,
 // tap) in grad_w's NCHW order, or with kNhwc (channels_last operands and
-// grad_w, one group) (tap, channel), its channels_last order.
+// grad_w) (tap, channel), its channels_last order; a channels_last pixel
+// holds every group's channels.
 template <bool kNhwc>
 inline void wgrad_offsets(const WgradProblem& a, int64_t e0, int64_t count,
                           int64_t (&off)[kEntries]) {
@@ -303,7 +314,7 @@ inline void wgrad_offsets(const WgradProblem& a, int64_t e0, int64_t count,
     const int64_t c = kNhwc ? entry % cin : entry / taps;
     const int64_t t = kNhwc ? entry / cin : entry % taps;
     const int64_t r = t / p.kernel_w, sx = t % p.kernel_w;
-    off[e] = kNhwc ? (r * p.dilation_h * a.wp + sx * p.dilation_w) * cin + c
+    off[e] = kNhwc ? (r * p.dilation_h * a.wp + sx * p.dilation_w) * p.in_channels + c
                    : (c * a.hp + r * p.dilation_h) * a.wp + sx * p.dilation_w;
   }
 }
@@ -322,17 +333,17 @@ __attribute__((always_inline)) inline void wgrad_rows(const WgradProblem& a, int
   const int64_t cin = p.in_channels_per_group();
   vec acc[kEntries][kNV];
   std::memcpy(acc, sums, sizeof(acc));
-  const int64_t pixel_step = p.stride_w * (kNhwc ? cin : 1);
+  const int64_t pixel_step = p.stride_w * (kNhwc ? p.in_channels : 1);
   for (int64_t oh = oh0; oh < oh1; ++oh) {
     const float* xrow =
-        kNhwc ? a.xpad + ((n * a.hp + oh * p.stride_h) * a.wp) * cin
+        kNhwc ? a.xpad + ((n * a.hp + oh * p.stride_h) * a.wp) * p.in_channels + g * cin
               : a.xpad + ((n * p.in_channels + g * cin) * a.hp + oh * p.stride_h) * a.wp;
-    const float* grow =
-        a.go_t + (((g * p.batch + n) * p.out_h + oh) * p.out_w) * a.kpad + kblock * kKB;
+    const float* grow = a.go_t + g * a.go_group + ((n * p.out_h + oh) * p.out_w) * a.go_pixel +
+                        kblock * kKB;
     for (int64_t ow = 0; ow < p.out_w; ++ow) {
       vec gv[kNV];
       for (int v = 0; v < kNV; ++v)
-        gv[v] = *reinterpret_cast<const vec_unaligned*>(grow + ow * a.kpad + v * kVL);
+        gv[v] = *reinterpret_cast<const vec_unaligned*>(grow + ow * a.go_pixel + v * kVL);
       const float* xp = xrow + ow * pixel_step;
 #pragma GCC unroll 16
       for (int e = 0; e < kEntries; ++e) {
@@ -1342,7 +1353,7 @@ void fprop_blocked(const ConvParams& layer, const float* x, const float* w, cons
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 
-bool blocked_nhwc_fits(const ConvParams& p) { return blocked_fits(p) && p.groups == 1; }
+bool blocked_nhwc_fits(const ConvParams& p) { return blocked_fits(p); }
 
 void fprop_blocked_nhwc(const ConvParams& layer, const float* x, const float* w,
                         const float* bias, float* y, WeightOrder order) {
@@ -1373,13 +1384,14 @@ namespace {
 // short enough that every thread gets several tasks.
 using WgradRun = void (*)(const WgradProblem&, int64_t, int64_t);
 void run_wgrad(const ConvParams& p, const Padded& xpad, const float* go_t, int64_t kpad,
-               float* grad_w, WgradRun run) {
+               int64_t go_pixel, int64_t go_group, float* grad_w, WgradRun run) {
   const int64_t kblocks = kpad / block_channels(isa());
   const int64_t tiles = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
   const int64_t tasks_wanted = 4 * int64_t(at::get_num_threads());
   const int64_t per_task = std::max<int64_t>(
       1, std::min<int64_t>(tiles, p.groups * kblocks * tiles / tasks_wanted));
-  const WgradProblem a{p, xpad.data.data(), go_t, grad_w, xpad.hp, xpad.wp, kpad, per_task};
+  const WgradProblem a{p,       xpad.data.data(), go_t,     grad_w, xpad.hp, xpad.wp, kpad,
+                       per_task, go_pixel,         go_group};
   const int64_t runs = (tiles + per_task - 1) / per_task;
   at::parallel_for(0, p.groups * kblocks * runs, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
@@ -1412,33 +1424,36 @@ void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, f
       }
     }
   });
-  run_wgrad(p, xpad, go_t.data(), kpad, grad_w, pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline));
+  run_wgrad(p, xpad, go_t.data(), kpad, kpad, p.batch * pixels * kpad, grad_w,
+            pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline));
 }
 
-bool blocked_wgrad_nhwc_fits(const ConvParams& p) { return blocked_fits(p) && p.groups == 1; }
+bool blocked_wgrad_nhwc_fits(const ConvParams& p) { return blocked_fits(p); }
 
 void wgrad_blocked_nhwc(const ConvParams& p, const float* grad_out, const float* x,
                         float* grad_w) {
   const Isa i = isa();
   const int64_t kb = block_channels(i);
-  const int64_t K = p.out_channels;
-  const int64_t kpad = (K + kb - 1) / kb * kb;
+  const int64_t cout = p.out_channels_per_group();
+  const int64_t kpad = (cout + kb - 1) / kb * kb;
   const Padded xpad = pad_input_nhwc(p, x, 0);
-  // grad_output [image][row][column][K] is already the repacked layout
-  // where K fills whole channel blocks; else each pixel's run is widened
-  // with zeros.
+  // grad_output [image][row][column][group][K per group] is already the
+  // repacked layout where each group's channels fill whole channel blocks;
+  // else each group's run of each pixel is widened with zeros.
   std::vector<float> widened;
   const float* go_t = grad_out;
-  if (kpad != K) {
+  if (kpad != cout) {
     const int64_t pixels = p.batch * p.out_h * p.out_w;
-    widened.assign(size_t(pixels * kpad), 0.f);
+    widened.assign(size_t(pixels * p.groups * kpad), 0.f);
     at::parallel_for(0, pixels, 1024, [&](int64_t begin, int64_t end) {
       for (int64_t q = begin; q < end; ++q)
-        std::memcpy(widened.data() + q * kpad, grad_out + q * K, size_t(K) * sizeof(float));
+        for (int64_t g = 0; g < p.groups; ++g)
+          std::memcpy(widened.data() + (q * p.groups + g) * kpad,
+                      grad_out + q * p.out_channels + g * cout, size_t(cout) * sizeof(float));
     });
     go_t = widened.data();
   }
-  run_wgrad(p, xpad, go_t, kpad, grad_w,
+  run_wgrad(p, xpad, go_t, kpad, p.groups * kpad, kpad, grad_w,
             pick(i, &wgrad_nhwc_avx512, &wgrad_nhwc_avx2, &wgrad_nhwc_baseline));
 }
 

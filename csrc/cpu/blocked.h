@@ -25,9 +25,10 @@ bool blocked_fits(const ConvParams& p);
 void fprop_blocked(const ConvParams& p, const float* x, const float* w, const float* bias,
                    float* y, WeightOrder order = WeightOrder::kFprop);
 
-// The same over channels_last x and y ([N][H][W][C]; w still NCHW), one
-// group: each pixel's channels are a run, so the outputs leave the
-// registers as they are held, pixel by pixel.
+// The same over channels_last x and y ([N][H][W][C]; w still NCHW), any
+// groups: each pixel's channels (a group's among them) are a run, so the
+// outputs leave the registers as they are held, pixel by pixel; a task is
+// an output row of every group, its input rows gathered once.
 bool blocked_nhwc_fits(const ConvParams& p);
 void fprop_blocked_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
                         float* y, WeightOrder order = WeightOrder::kFprop);
@@ -39,8 +40,9 @@ void fprop_blocked_nhwc(const ConvParams& p, const float* x, const float* w, con
 void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, float* grad_w);
 
 // The same over channels_last grad_output and x, writing a channels_last
-// grad_w ([K][R][S][C]), one group: grad_output's pixels are already runs
-// of channels, and the (tap, channel) entries read the input in order.
+// grad_w ([K][R][S][C per group]), any groups: grad_output's pixels are
+// already runs of each group's channels, and the (tap, channel) entries
+// read the input in order.
 bool blocked_wgrad_nhwc_fits(const ConvParams& p);
 void wgrad_blocked_nhwc(const ConvParams& p, const float* grad_out, const float* x,
                         float* grad_w);

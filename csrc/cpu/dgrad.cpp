@@ -119,7 +119,7 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                      c10::IntArrayRef padding,
                                      c10::IntArrayRef dilation,
                                      int64_t groups) {
-  // A channels_last grad_input of the blocked kernel (one group) or of a
+  // A channels_last grad_input of the blocked kernel or of a
   // depthwise layer at unit stride (cpu_nhwc) is computed on the
   // channels_last operands, in place of NCHW copies.
   const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
