@@ -42,6 +42,12 @@ struct Traits {
 using Avx512 = Traits<16, 2, 12>;
 using Avx2 = Traits<8, 2, 6>;
 using Baseline = Traits<4, 2, 6>;
+// A block of one vector of output channels, for groups of at most a
+// vector's channels (a grouped layer's few channels a group would fill a
+// quarter to a half of a two-vector block): twice the pixels, in the same
+// registers.
+template <typename T>
+using OneVector = Traits<T::kVL, 1, 2 * T::kOW>;
 
 // The weight of one group as [k block][C per group][R][S][kKB], zeros past
 // the group's last output channel.
@@ -142,28 +148,28 @@ __attribute__((always_inline)) inline void pixel_block(const PixelBlock& b, int6
 // The smaller blocks, for a row's last pixels, compiled alone per
 // instruction set: inlined beside the full blocks, their live values crowd
 // the registers and the full blocks' weights spill.
-template <int kOW, bool kNhwc>
+template <typename T, int kOW, bool kNhwc>
 CONV2D_EXT_TARGET("avx512f") __attribute__((noinline)) void pixel_block_avx512(
     const PixelBlock& b, int64_t ow0) {
-  pixel_block<Avx512, kOW, kNhwc>(b, ow0);
+  pixel_block<T, kOW, kNhwc>(b, ow0);
 }
-template <int kOW, bool kNhwc>
+template <typename T, int kOW, bool kNhwc>
 CONV2D_EXT_TARGET("avx2,fma") __attribute__((noinline)) void pixel_block_avx2(
     const PixelBlock& b, int64_t ow0) {
-  pixel_block<Avx2, kOW, kNhwc>(b, ow0);
+  pixel_block<T, kOW, kNhwc>(b, ow0);
 }
-template <int kOW, bool kNhwc>
+template <typename T, int kOW, bool kNhwc>
 __attribute__((noinline)) void pixel_block_baseline(const PixelBlock& b, int64_t ow0) {
-  pixel_block<Baseline, kOW, kNhwc>(b, ow0);
+  pixel_block<T, kOW, kNhwc>(b, ow0);
 }
 template <typename T, int kOW, bool kNhwc>
 __attribute__((always_inline)) inline void run_pixel_block(const PixelBlock& b, int64_t ow0) {
-  if constexpr (std::is_same_v<T, Avx512>) {
-    pixel_block_avx512<kOW, kNhwc>(b, ow0);
-  } else if constexpr (std::is_same_v<T, Avx2>) {
-    pixel_block_avx2<kOW, kNhwc>(b, ow0);
+  if constexpr (T::kVL == Avx512::kVL) {
+    pixel_block_avx512<T, kOW, kNhwc>(b, ow0);
+  } else if constexpr (T::kVL == Avx2::kVL) {
+    pixel_block_avx2<T, kOW, kNhwc>(b, ow0);
   } else {
-    pixel_block_baseline<kOW, kNhwc>(b, ow0);
+    pixel_block_baseline<T, kOW, kNhwc>(b, ow0);
   }
 }
 
@@ -271,8 +277,21 @@ __attribute__((always_inline)) inline void task_range_nhwc(const Problem& a, int
   rows_range<T, true>(a, begin, end);
 }
 
+template <typename T>
+__attribute__((always_inline)) inline void task_range_one(const Problem& a, int64_t begin,
+                                                          int64_t end) {
+  rows_range<OneVector<T>, false>(a, begin, end);
+}
+template <typename T>
+__attribute__((always_inline)) inline void task_range_nhwc_one(const Problem& a, int64_t begin,
+                                                               int64_t end) {
+  rows_range<OneVector<T>, true>(a, begin, end);
+}
+
 CONV2D_EXT_ISA_VARIANTS(tasks, Problem, task_range)
 CONV2D_EXT_ISA_VARIANTS(tasks_nhwc, Problem, task_range_nhwc)
+CONV2D_EXT_ISA_VARIANTS(tasks_one, Problem, task_range_one)
+CONV2D_EXT_ISA_VARIANTS(tasks_nhwc_one, Problem, task_range_nhwc_one)
 
 // ---- wgrad: M = output channels, N = (channel, tap) entries, K = pixels.
 // A tile is kKB output channels x kEntries entries of one group's
@@ -410,8 +429,20 @@ __attribute__((always_inline)) inline void wgrad_range_nhwc(const WgradProblem& 
                                                             int64_t begin, int64_t end) {
   wgrad_tasks<T, true>(a, begin, end);
 }
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_range_one(const WgradProblem& a, int64_t begin,
+                                                           int64_t end) {
+  wgrad_tasks<OneVector<T>, false>(a, begin, end);
+}
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_range_nhwc_one(const WgradProblem& a,
+                                                                int64_t begin, int64_t end) {
+  wgrad_tasks<OneVector<T>, true>(a, begin, end);
+}
 CONV2D_EXT_ISA_VARIANTS(wgrad, WgradProblem, wgrad_range)
 CONV2D_EXT_ISA_VARIANTS(wgrad_nhwc, WgradProblem, wgrad_range_nhwc)
+CONV2D_EXT_ISA_VARIANTS(wgrad_one, WgradProblem, wgrad_range_one)
+CONV2D_EXT_ISA_VARIANTS(wgrad_nhwc_one, WgradProblem, wgrad_range_nhwc_one)
 
 // ---- depthwise forward (one input channel per group, unit column
 // stride): each output plane alone, kDwVectors vectors of a row's pixels
@@ -1217,6 +1248,19 @@ int block_channels(Isa i) {
   return pick(i, Avx512::kKB, Avx2::kKB, Baseline::kKB);
 }
 
+// Whether the layer's output channels go in blocks of one vector
+// (OneVector): a group of at most a vector's channels.
+bool one_vector(Isa i, const ConvParams& p) {
+  return p.out_channels_per_group() <= pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
+}
+int channel_block(Isa i, const ConvParams& p) {
+  return one_vector(i, p) ? pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL) : block_channels(i);
+}
+int pixel_block_width(Isa i, const ConvParams& p) {
+  const int kow = pick(i, Avx512::kOW, Avx2::kOW, Baseline::kOW);
+  return one_vector(i, p) ? 2 * kow : kow;
+}
+
 }  // namespace
 
 Isa isa() {
@@ -1344,11 +1388,12 @@ ConvParams pointwise_rows(const ConvParams& p, int kow) {
 void fprop_blocked(const ConvParams& layer, const float* x, const float* w, const float* bias,
                    float* y, WeightOrder order) {
   const Isa i = isa();
-  const ConvParams p = pointwise_rows(layer, pick(i, Avx512::kOW, Avx2::kOW, Baseline::kOW));
+  const ConvParams p = pointwise_rows(layer, pixel_block_width(i, layer));
   const Padded xpad = pad_input(p, x);
-  const std::vector<float> packed = pack_weights(p, w, block_channels(i), order);
+  const std::vector<float> packed = pack_weights(p, w, channel_block(i, p), order);
   const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
-  auto* run = pick(i, &tasks_avx512, &tasks_avx2, &tasks_baseline);
+  auto* run = one_vector(i, p) ? pick(i, &tasks_one_avx512, &tasks_one_avx2, &tasks_one_baseline)
+                               : pick(i, &tasks_avx512, &tasks_avx2, &tasks_baseline);
   at::parallel_for(0, p.batch * p.groups * p.out_h, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
@@ -1358,11 +1403,13 @@ bool blocked_nhwc_fits(const ConvParams& p) { return blocked_fits(p); }
 void fprop_blocked_nhwc(const ConvParams& layer, const float* x, const float* w,
                         const float* bias, float* y, WeightOrder order) {
   const Isa i = isa();
-  const ConvParams p = pointwise_rows(layer, pick(i, Avx512::kOW, Avx2::kOW, Baseline::kOW));
+  const ConvParams p = pointwise_rows(layer, pixel_block_width(i, layer));
   const Padded xpad = pad_input_nhwc(p, x, 0);
-  const std::vector<float> packed = pack_weights(p, w, block_channels(i), order);
+  const std::vector<float> packed = pack_weights(p, w, channel_block(i, p), order);
   const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
-  auto* run = pick(i, &tasks_nhwc_avx512, &tasks_nhwc_avx2, &tasks_nhwc_baseline);
+  auto* run = one_vector(i, p) ? pick(i, &tasks_nhwc_one_avx512, &tasks_nhwc_one_avx2,
+                                      &tasks_nhwc_one_baseline)
+                               : pick(i, &tasks_nhwc_avx512, &tasks_nhwc_avx2, &tasks_nhwc_baseline);
   at::parallel_for(0, p.batch * p.out_h, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
@@ -1385,7 +1432,7 @@ namespace {
 using WgradRun = void (*)(const WgradProblem&, int64_t, int64_t);
 void run_wgrad(const ConvParams& p, const Padded& xpad, const float* go_t, int64_t kpad,
                int64_t go_pixel, int64_t go_group, float* grad_w, WgradRun run) {
-  const int64_t kblocks = kpad / block_channels(isa());
+  const int64_t kblocks = kpad / channel_block(isa(), p);
   const int64_t tiles = (p.in_channels_per_group() * p.taps() + kEntries - 1) / kEntries;
   const int64_t tasks_wanted = 4 * int64_t(at::get_num_threads());
   const int64_t per_task = std::max<int64_t>(
@@ -1400,7 +1447,7 @@ void run_wgrad(const ConvParams& p, const Padded& xpad, const float* go_t, int64
 
 void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, float* grad_w) {
   const Isa i = isa();
-  const int64_t kb = block_channels(i);
+  const int64_t kb = channel_block(i, p);
   const int64_t cout = p.out_channels_per_group();
   const int64_t kblocks = (cout + kb - 1) / kb, kpad = kblocks * kb;
   const Padded xpad = pad_input(p, x);
@@ -1425,7 +1472,8 @@ void wgrad_blocked(const ConvParams& p, const float* grad_out, const float* x, f
     }
   });
   run_wgrad(p, xpad, go_t.data(), kpad, kpad, p.batch * pixels * kpad, grad_w,
-            pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline));
+            one_vector(i, p) ? pick(i, &wgrad_one_avx512, &wgrad_one_avx2, &wgrad_one_baseline)
+                             : pick(i, &wgrad_avx512, &wgrad_avx2, &wgrad_baseline));
 }
 
 bool blocked_wgrad_nhwc_fits(const ConvParams& p) { return blocked_fits(p); }
@@ -1433,7 +1481,7 @@ bool blocked_wgrad_nhwc_fits(const ConvParams& p) { return blocked_fits(p); }
 void wgrad_blocked_nhwc(const ConvParams& p, const float* grad_out, const float* x,
                         float* grad_w) {
   const Isa i = isa();
-  const int64_t kb = block_channels(i);
+  const int64_t kb = channel_block(i, p);
   const int64_t cout = p.out_channels_per_group();
   const int64_t kpad = (cout + kb - 1) / kb * kb;
   const Padded xpad = pad_input_nhwc(p, x, 0);
@@ -1454,7 +1502,9 @@ void wgrad_blocked_nhwc(const ConvParams& p, const float* grad_out, const float*
     go_t = widened.data();
   }
   run_wgrad(p, xpad, go_t, kpad, p.groups * kpad, kpad, grad_w,
-            pick(i, &wgrad_nhwc_avx512, &wgrad_nhwc_avx2, &wgrad_nhwc_baseline));
+            one_vector(i, p) ? pick(i, &wgrad_nhwc_one_avx512, &wgrad_nhwc_one_avx2,
+                                    &wgrad_nhwc_one_baseline)
+                             : pick(i, &wgrad_nhwc_avx512, &wgrad_nhwc_avx2, &wgrad_nhwc_baseline));
 }
 
 bool depthwise_fits(const ConvParams& p) {
