@@ -28,6 +28,9 @@ CASES = {
     # Each group's output channels whole channel blocks (AVX-512's 32,
     # AVX2's 16): channels_last wgrad reads grad_output as it is.
     "grouped_whole_blocks": (2, 40, 9, 13, 64, (3, 3), 1, 1, 1, 2, True),
+    # 8 output channels a group: blocks of one vector of channels (AVX-512's
+    # half empty, AVX2's whole).
+    "grouped_8_a_group": (2, 32, 10, 15, 32, (3, 3), 1, 1, 1, 4, True),
     "pad_past_reach": (1, 4, 6, 5, 16, (2, 2), 1, 3, 1, 1, False),
     # One output pixel a row, over more images than the few-pixel kernels take.
     "one_pixel_out": (70, 9, 5, 5, 20, (5, 5), 1, 0, 1, 1, True),
