@@ -4,6 +4,7 @@
 #include "cuda/kernel_sizes.cuh"
 #include "cpu/blocked.h"
 #include "cpu/few_pixels.h"
+#include "cpu/grouped.h"
 #include "cuda/nhwc/config.h"
 #include "cuda/implicit_gemm/config.h"
 #include "cuda/sm90/config.h"
@@ -204,6 +205,12 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       f = dgrad_as_fprop(p);
       f.stride_h = f.stride_w = 1;
     }
+    // channels_last grouped layers of a few channels a group: several
+    // groups a vector (wgrad stays on the blocked and narrow kernels).
+    if (channels_last && pass != Pass::kWgrad && cpu::grouped_nhwc_fits(f)) {
+      plan.algo = Algo::kCpuGrouped;
+      return plan;
+    }
     // (Strided depthwise dgrad: the direct loop beats its phases.)
     const bool depthwise = cpu::depthwise_fits(f) && (pass != Pass::kDgrad || dgrad_is_fprop(p));
     // (Depthwise dgrad would fill a quarter of the narrow kernel's
@@ -381,8 +388,8 @@ bool nhwc_engine_takes(const ConvParams& p, Pass pass, at::ScalarType dtype, int
 
 bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
   if (is_16bit(dtype)) return false;  // float32 copies, in whichever format
-  const Algo algo = choose_plan(p, pass, dtype, /*sm=*/0).algo;
-  if (algo == Algo::kCpuFewPixels) return true;  // every pass
+  const Algo algo = choose_plan(p, pass, dtype, /*sm=*/0, /*channels_last=*/true).algo;
+  if (algo == Algo::kCpuFewPixels || algo == Algo::kCpuGrouped) return true;
   switch (pass) {
     case Pass::kFprop:
       return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(p)) ||
@@ -442,6 +449,7 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
     case Algo::kCpuDepthwise:
     case Algo::kCpuNarrow:
     case Algo::kCpuFewPixels:
+    case Algo::kCpuGrouped:
       out << " isa=" << cpu::blocked_isa();
       // (The few-pixel dgrad takes any stride itself; depthwise dgrad runs
       // at unit stride only.)
@@ -487,6 +495,8 @@ const char* to_string(Algo algo) {
       return "cpu_narrow";
     case Algo::kCpuFewPixels:
       return "cpu_few_pixels";
+    case Algo::kCpuGrouped:
+      return "cpu_grouped";
     case Algo::kImplicitGemmNhwc:
       return "implicit_gemm_nhwc";
   }

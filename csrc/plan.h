@@ -49,6 +49,10 @@ enum class Algo {
   // The CPU's float32 kernels for few output pixels over the batch
   // (cpu/few_pixels.cpp), all three passes.
   kCpuFewPixels,
+  // The CPU's float32 forward for channels_last grouped layers of 2, 4 or 8
+  // channels a group, several groups a vector (cpu/grouped.cpp), also
+  // dgrad as forwards.
+  kCpuGrouped,
 };
 
 struct Plan {

@@ -79,7 +79,10 @@ def test_forward_against_float64(isa_name, case, layout):
         report = ops._kernel("forward", *_args(x, w, kw), 0)
         y = conv2d_ext.conv2d(x, w, b, **kw)
     isa_here = report.split("isa=")[-1].split()[0]
-    assert report.startswith("cpu_blocked"), report
+    # channels_last grouped layers of a few channels a group run several
+    # groups a vector (test_grouped_against_float64).
+    grouped = layout == "channels_last" and _grouped_fits(x, w, kw, isa_here)
+    assert report.startswith("cpu_grouped" if grouped else "cpu_blocked"), report
     # channels_last runs on the channels_last operands, any groups.
     assert ("layout=nhwc" in report) == (layout == "channels_last"), report
     if layout == "channels_last":
@@ -492,6 +495,75 @@ def test_narrow_kernels_against_float64(isa_name, case):
             assert report.split()[0] == expected, (pass_, report)
         y, gx, gw, gy = _all_passes(x, w, b, kw)
     _assert_passes_against_float64(x, w, b, kw, y, gx, gw, gy)
+
+
+# channels_last grouped layers of 2, 4 or 8 channels a group in and out:
+# the packed-group kernel (forward; dgrad as forwards, by phases where
+# strided), several groups a vector, where a group is at most half a
+# vector and the layer at least one; wgrad stays on the blocked or narrow
+# kernel. (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
+GROUPED = {
+    "q8_3x3": (2, 32, 10, 15, 32, (3, 3), 1, 1, 1, 4, True),
+    # 20 channels: the last block of channels overlaps the one before it.
+    "q4_overlapping_last_block": (1, 20, 9, 31, 20, (3, 3), 1, 1, 1, 5, True),
+    "q2_5x5_dilated": (1, 18, 12, 13, 18, (5, 5), 1, (4, 2), (2, 1), 9, False),
+    "q4_stride_2": (2, 16, 15, 14, 16, (3, 3), 2, 1, 1, 4, True),
+    "q8_stride_3_2_asym": (1, 24, 17, 20, 24, (3, 4), (3, 2), (1, 2), 1, 3, True),
+    # Padding past the kernel's reach: runs whose every tap is outside.
+    "q4_pad_past_reach": (1, 16, 4, 5, 16, (3, 3), 1, 3, 1, 4, True),
+}
+VECTOR_FLOATS = {"avx512": 16, "avx2": 8, "default": 4}
+
+
+def _grouped_fits(x, w, kw, isa_here):
+    q, vl = w.shape[1], VECTOR_FLOATS[isa_here]
+    return (kw["groups"] > 1 and w.shape[0] // kw["groups"] == q and q in (2, 4, 8)
+            and 2 * q <= vl and x.shape[1] >= vl)
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("case", sorted(GROUPED))
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_grouped_against_float64(isa_name, case, layout):
+    """cpu_grouped runs the forward and dgrad of channels_last operands
+    where a group fits half this instruction set's vector (the others, and
+    NCHW operands, keep the blocked and narrow kernels); every pass against
+    float64, results channels_last."""
+    x, w, b, kw = _from(GROUPED, case, 7)
+    if layout == "channels_last":
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+    with isa(isa_name):
+        wgrad_report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
+        assert wgrad_report.split()[0] != "cpu_grouped", wgrad_report
+        isa_here = wgrad_report.split("isa=")[1].split()[0]
+        for pass_ in ("forward", "backward_input"):
+            report = ops._kernel(pass_, *_args(x, w, kw), 0)
+            grouped = layout == "channels_last" and _grouped_fits(x, w, kw, isa_here)
+            assert (report.split()[0] == "cpu_grouped") == grouped, (pass_, report)
+            if grouped:
+                assert "layout=nhwc" in report, report
+        y, gx, gw, gy = _all_passes(x, w, b, kw)
+    if layout == "channels_last":
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        assert gx.is_contiguous(memory_format=torch.channels_last)
+    _assert_passes_against_float64(x, w, b, kw, y, gx, gw, gy)
+
+
+def test_grouped_same_bits_for_one_and_all_threads():
+    x, w, b, kw = _from(GROUPED, "q4_stride_2", 8)
+    x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+    assert ops._algorithm("forward", *_args(x, w, kw)) == "cpu_grouped"
+    gy = torch.randn(conv2d_ext.conv2d(x, w, b, **kw).shape).to(memory_format=torch.channels_last)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, max(2, before)):
+            torch.set_num_threads(threads)
+            results.append(_all_passes(x, w, b, kw, gy)[:2])
+    finally:
+        torch.set_num_threads(before)
+    for one, many in zip(*results):
+        assert torch.equal(one, many)
 
 
 def _few_channels_last(case):

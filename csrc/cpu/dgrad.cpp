@@ -16,6 +16,7 @@
 #include "../plan.h"
 #include "blocked.h"
 #include "few_pixels.h"
+#include "grouped.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -130,7 +131,21 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
          at::Tensor& grad_in, bool channels_last) {
         if (channels_last) {  // go, grad_in channels_last; w as given
-          const Algo algo = choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0).algo;
+          const Algo algo =
+              choose_plan(p, Pass::kDgrad, go.scalar_type(), /*sm=*/0, /*channels_last=*/true).algo;
+          if (algo == Algo::kCpuGrouped) {  // forwards on the flipped weight, by phases if strided
+            if (!dgrad_is_fprop(p)) {
+              dgrad_phases_on(
+                  [](const ConvParams& f, const float* x, const float* sub, const float* b,
+                     float* y) { fprop_grouped_nhwc(f, x, sub, b, y); },
+                  at::MemoryFormat::ChannelsLast, p, go, w, grad_in);
+              return;
+            }
+            const at::Tensor wt = dgrad_weight(p, w).contiguous();
+            fprop_grouped_nhwc(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(),
+                               nullptr, grad_in.data_ptr<float>());
+            return;
+          }
           if (algo == Algo::kCpuFewPixels) {  // any stride; the weight in its own layout
             const at::Tensor wc = w.contiguous(at::MemoryFormat::ChannelsLast);
             dgrad_few_pixels(p, go.data_ptr<float>(), wc.data_ptr<float>(),

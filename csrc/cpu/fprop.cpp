@@ -14,6 +14,7 @@
 #include "../plan.h"
 #include "blocked.h"
 #include "few_pixels.h"
+#include "grouped.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -80,8 +81,13 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
          const at::Tensor& b, at::Tensor& y, bool channels_last) {
         if (channels_last) {
           const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
-          const Algo algo = choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0).algo;
-          if (algo == Algo::kCpuFewPixels) {  // the weight in its own layout
+          const Algo algo =
+              choose_plan(p, Pass::kFprop, x.scalar_type(), /*sm=*/0, /*channels_last=*/true).algo;
+          if (algo == Algo::kCpuGrouped) {
+            const at::Tensor wn = w.contiguous();  // packed from NCHW
+            fprop_grouped_nhwc(p, x.data_ptr<float>(), wn.data_ptr<float>(), bias_ptr,
+                               y.data_ptr<float>());
+          } else if (algo == Algo::kCpuFewPixels) {  // the weight in its own layout
             fprop_few_pixels(p, x.data_ptr<float>(), w.data_ptr<float>(), bias_ptr,
                              y.data_ptr<float>(), /*nhwc=*/true);
           } else if (algo == Algo::kCpuDepthwise) {

@@ -1,0 +1,188 @@
+// The packed-group kernel (grouped.h).
+//
+// With q input and q output channels a group, output channels [b, b + kVL)
+// (kVL / q whole groups, b a multiple of q) read input channels [b, b + kVL)
+// only: lane l's output channel b + l sums input channels
+// b + (l / q) * q + c over c < q. So one vector load of an input pixel's
+// channels [b, b + kVL) serves the whole block: for each c a shuffle
+// spreads channel (l / q) * q + c of each group across that group's lanes
+// (within 128-bit lanes for q <= 4), times a vector of packed weights
+// (lane l: w[b + l][c][tap]). A task is one output row of one image: runs
+// of kP pixels, every block of channels of each run before the next (the
+// run's input pixels stay in L1 across the blocks). Taps in the padding are
+// skipped, so the input is not copied. Each output's sum runs in a fixed
+// order, whatever the thread count.
+#include "grouped.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "isa.h"
+
+namespace conv2d_ext {
+namespace cpu {
+namespace {
+
+// kVL floats a vector, kP pixels a run (kP accumulators beside q weight
+// vectors, an input vector and its spread, within the registers).
+#define CONV2D_EXT_GROUPED_TRAITS(Name, lanes, pixels)                                      \
+  struct Name {                                                                             \
+    static constexpr int kVL = lanes, kP = pixels;                                          \
+    typedef float vec __attribute__((vector_size(lanes * sizeof(float))));                  \
+    typedef float unaligned __attribute__((vector_size(lanes * sizeof(float)), aligned(4))); \
+    typedef int ivec __attribute__((vector_size(lanes * sizeof(int))));                     \
+  };
+CONV2D_EXT_GROUPED_TRAITS(Avx512, 16, 12)
+CONV2D_EXT_GROUPED_TRAITS(Avx2, 8, 6)
+CONV2D_EXT_GROUPED_TRAITS(Baseline, 4, 6)
+#undef CONV2D_EXT_GROUPED_TRAITS
+
+struct Problem {
+  const ConvParams& p;
+  const float *x, *wpk, *bias;  // x [N][H][W][C]; wpk [block][tap][c][kVL]
+  float* y;                     // [N][P][Q][K]
+};
+
+// The first channel of block b: blocks of kVL channels, the last one ending
+// at the last channel (overlapping the one before it: its first lanes are
+// computed again, to the same bits).
+inline int64_t block_start(int64_t b, int64_t vl, int64_t channels) {
+  return std::min(b * vl, channels - vl);
+}
+
+template <typename T>
+__attribute__((always_inline)) inline typename T::vec load(const float* at) {
+  return *reinterpret_cast<const typename T::unaligned*>(at);
+}
+
+// Lane l: channel (l / kQ) * kQ + kC of the vector.
+template <typename T, int kQ, int kC, int... kL>
+__attribute__((always_inline)) inline typename T::vec spread(typename T::vec x,
+                                                            std::integer_sequence<int, kL...>) {
+  return __builtin_shuffle(x, typename T::ivec{((kL / kQ) * kQ + kC)...});
+}
+
+// acc += sum over c < kQ of spread(x, c) * w[c].
+template <typename T, int kQ, int... kC>
+__attribute__((always_inline)) inline void multiply_add(typename T::vec& acc,
+                                                        typename T::vec x,
+                                                        const typename T::vec* w,
+                                                        std::integer_sequence<int, kC...>) {
+  const auto lanes = std::make_integer_sequence<int, T::kVL>{};
+  ((acc += spread<T, kQ, kC>(x, lanes) * w[kC]), ...);
+}
+
+// kP pixels of output row oh from ow0, channels [b, b + kVL). kEdge: the
+// run reaches past the input's ends or the output row's, so each tap checks
+// its column and pixels past the row are skipped.
+template <typename T, int kQ, bool kEdge>
+__attribute__((always_inline)) inline void run(const Problem& a, int64_t n, int64_t oh,
+                                               int64_t ow0, int64_t b, const float* wb) {
+  typedef typename T::vec vec;
+  constexpr int kP = T::kP, kVL = T::kVL;
+  const ConvParams& p = a.p;
+  const int64_t C = p.in_channels;
+  const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
+  vec acc[kP];
+  const vec bias = a.bias ? load<T>(a.bias + b) : vec{};
+  for (int j = 0; j < kP; ++j) acc[j] = bias;
+  for (int64_t r = 0; r < p.kernel_h; ++r) {
+    const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+    if (ih < 0 || ih >= p.in_h) continue;
+    const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + b;
+    for (int64_t s = 0; s < p.kernel_w; ++s) {
+      vec w[kQ];
+      const float* wt = wb + (r * p.kernel_w + s) * kQ * kVL;
+      for (int c = 0; c < kQ; ++c) w[c] = load<T>(wt + c * kVL);
+      const int64_t iw0 = ow0 * p.stride_w - p.pad_w + s * p.dilation_w;
+#pragma GCC unroll 16
+      for (int j = 0; j < kP; ++j) {
+        const int64_t iw = iw0 + j * p.stride_w;
+        if (kEdge && (j >= npix || iw < 0 || iw >= p.in_w)) continue;
+        multiply_add<T, kQ>(acc[j], load<T>(xrow + iw * C), w,
+                            std::make_integer_sequence<int, kQ>{});
+      }
+    }
+  }
+  float* yrow = a.y + ((n * p.out_h + oh) * p.out_w + ow0) * p.out_channels + b;
+  for (int64_t j = 0; j < npix; ++j)
+    *reinterpret_cast<typename T::unaligned*>(yrow + j * p.out_channels) = acc[j];
+}
+
+template <typename T, int kQ>
+__attribute__((always_inline)) inline void row(const Problem& a, int64_t n, int64_t oh) {
+  constexpr int kP = T::kP, kVL = T::kVL;
+  const ConvParams& p = a.p;
+  const int64_t C = p.in_channels, blocks = (C + kVL - 1) / kVL, taps = p.taps();
+  // The columns every tap of a run reads: a run is interior where both
+  // ends of its reach are in the input and all its pixels in the row.
+  const int64_t reach = (kP - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w;
+  for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+    const int64_t iw0 = ow0 * p.stride_w - p.pad_w;
+    const bool edge = iw0 < 0 || iw0 + reach >= p.in_w || ow0 + kP > p.out_w;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t b = block_start(blk, kVL, C);
+      const float* wb = a.wpk + blk * taps * kQ * kVL;
+      if (edge) {
+        run<T, kQ, true>(a, n, oh, ow0, b, wb);
+      } else {
+        run<T, kQ, false>(a, n, oh, ow0, b, wb);
+      }
+    }
+  }
+}
+
+// Tasks [begin, end): output row t % P of image t / P.
+template <typename T>
+__attribute__((always_inline)) inline void rows(const Problem& a, int64_t begin, int64_t end) {
+  const ConvParams& p = a.p;
+  const int64_t q = p.in_channels_per_group();
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t n = t / p.out_h, oh = t % p.out_h;
+    if (q == 2) {
+      row<T, 2>(a, n, oh);
+    } else if (q == 4) {
+      row<T, 4>(a, n, oh);
+    } else if constexpr (T::kVL >= 16) {  // (q == 8: half an AVX-512 vector)
+      row<T, 8>(a, n, oh);
+    }
+  }
+}
+CONV2D_EXT_ISA_VARIANTS(grouped, Problem, rows)
+
+int vector_floats(Isa i) { return pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL); }
+
+}  // namespace
+
+bool grouped_nhwc_fits(const ConvParams& p) {
+  const int64_t q = p.in_channels_per_group(), vl = vector_floats(isa());
+  return p.groups > 1 && p.out_channels_per_group() == q && (q == 2 || q == 4 || q == 8) &&
+         2 * q <= vl && p.in_channels >= vl;
+}
+
+void fprop_grouped_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
+                        float* y) {
+  const Isa i = isa();
+  const int64_t vl = vector_floats(i), C = p.in_channels, q = p.in_channels_per_group();
+  const int64_t taps = p.taps(), blocks = (C + vl - 1) / vl;
+  // [block][tap][c][lane]: lane l of block b the weight of output channel
+  // b + l for its group's input channel c.
+  std::vector<float> wpk(size_t(blocks * taps * q * vl));
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t b = block_start(blk, vl, C);
+    for (int64_t t = 0; t < taps; ++t)
+      for (int64_t c = 0; c < q; ++c)
+        for (int64_t l = 0; l < vl; ++l)
+          wpk[size_t(((blk * taps + t) * q + c) * vl + l)] = w[((b + l) * q + c) * taps + t];
+  }
+  const Problem a{p, x, wpk.data(), bias, y};
+  auto* run = pick(i, &grouped_avx512, &grouped_avx2, &grouped_baseline);
+  at::parallel_for(0, p.batch * p.out_h, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+}  // namespace cpu
+}  // namespace conv2d_ext
