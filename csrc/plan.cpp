@@ -206,8 +206,9 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       f.stride_h = f.stride_w = 1;
     }
     // channels_last grouped layers of a few channels a group: several
-    // groups a vector (wgrad stays on the blocked and narrow kernels).
-    if (channels_last && pass != Pass::kWgrad && cpu::grouped_nhwc_fits(f)) {
+    // groups a vector (wgrad where a kernel row's sums fit the registers).
+    if (channels_last && (pass == Pass::kWgrad ? cpu::grouped_wgrad_nhwc_fits(p)
+                                               : cpu::grouped_nhwc_fits(f))) {
       plan.algo = Algo::kCpuGrouped;
       return plan;
     }

@@ -498,10 +498,10 @@ def test_narrow_kernels_against_float64(isa_name, case):
 
 
 # channels_last grouped layers of 2, 4 or 8 channels a group in and out:
-# the packed-group kernel (forward; dgrad as forwards, by phases where
-# strided), several groups a vector, where a group is at most half a
-# vector and the layer at least one; wgrad stays on the blocked or narrow
-# kernel. (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
+# the packed-group kernels (forward; dgrad as forwards, by phases where
+# strided; wgrad where a kernel row's sums fit the registers), several
+# groups a vector, where a group is at most half a vector and the layer at
+# least one. (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
 GROUPED = {
     "q8_3x3": (2, 32, 10, 15, 32, (3, 3), 1, 1, 1, 4, True),
     # 20 channels: the last block of channels overlaps the one before it.
@@ -511,34 +511,40 @@ GROUPED = {
     "q8_stride_3_2_asym": (1, 24, 17, 20, 24, (3, 4), (3, 2), (1, 2), 1, 3, True),
     # Padding past the kernel's reach: runs whose every tap is outside.
     "q4_pad_past_reach": (1, 16, 4, 5, 16, (3, 3), 1, 3, 1, 4, True),
+    # Pointwise and 7-column kernels: wgrad's other row widths.
+    "q8_1x1": (2, 32, 9, 10, 32, (1, 1), 1, 0, 1, 4, False),
+    "q4_1x1": (1, 16, 10, 11, 16, (1, 1), 1, 0, 1, 4, True),
+    "q2_1x7_column_stride_2": (1, 16, 8, 30, 16, (1, 7), (1, 2), (0, 3), 1, 8, True),
 }
 VECTOR_FLOATS = {"avx512": 16, "avx2": 8, "default": 4}
 
 
-def _grouped_fits(x, w, kw, isa_here):
-    q, vl = w.shape[1], VECTOR_FLOATS[isa_here]
-    return (kw["groups"] > 1 and w.shape[0] // kw["groups"] == q and q in (2, 4, 8)
+def _grouped_fits(x, w, kw, isa_here, pass_="forward"):
+    q, vl, s = w.shape[1], VECTOR_FLOATS[isa_here], w.shape[3]
+    fits = (kw["groups"] > 1 and w.shape[0] // kw["groups"] == q and q in (2, 4, 8)
             and 2 * q <= vl and x.shape[1] >= vl)
+    if pass_ == "backward_weight":  # a kernel row's q x S sums, q rotations, an input
+        fits = fits and s in (1, 3, 5, 7) and q * (s + 1) + 2 <= (32 if vl == 16 else 16)
+    return fits
 
 
 @pytest.mark.parametrize("isa_name", sorted(ISAS))
 @pytest.mark.parametrize("case", sorted(GROUPED))
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_grouped_against_float64(isa_name, case, layout):
-    """cpu_grouped runs the forward and dgrad of channels_last operands
-    where a group fits half this instruction set's vector (the others, and
-    NCHW operands, keep the blocked and narrow kernels); every pass against
-    float64, results channels_last."""
+    """cpu_grouped runs channels_last operands where a group fits half this
+    instruction set's vector (wgrad: where a kernel row's sums fit its
+    registers; the others, and NCHW operands, keep the blocked and narrow
+    kernels); every pass against float64, results channels_last."""
     x, w, b, kw = _from(GROUPED, case, 7)
     if layout == "channels_last":
         x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
     with isa(isa_name):
-        wgrad_report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
-        assert wgrad_report.split()[0] != "cpu_grouped", wgrad_report
-        isa_here = wgrad_report.split("isa=")[1].split()[0]
-        for pass_ in ("forward", "backward_input"):
-            report = ops._kernel(pass_, *_args(x, w, kw), 0)
-            grouped = layout == "channels_last" and _grouped_fits(x, w, kw, isa_here)
+        reports = {p: ops._kernel(p, *_args(x, w, kw), 0)
+                   for p in ("forward", "backward_input", "backward_weight")}
+        isa_here = next(r.split("isa=")[1].split()[0] for r in reports.values() if "isa=" in r)
+        for pass_, report in reports.items():
+            grouped = layout == "channels_last" and _grouped_fits(x, w, kw, isa_here, pass_)
             assert (report.split()[0] == "cpu_grouped") == grouped, (pass_, report)
             if grouped:
                 assert "layout=nhwc" in report, report

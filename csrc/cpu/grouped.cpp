@@ -153,7 +153,150 @@ __attribute__((always_inline)) inline void rows(const Problem& a, int64_t begin,
 }
 CONV2D_EXT_ISA_VARIANTS(grouped, Problem, rows)
 
+// ---- wgrad. With q channels a group, rotate grad_output's vector within
+// each group by d (lane m: channel (m / q) * q + (m % q + d) % q): lane m of
+// its product with the input's vector (lane m: channel b + m, channel
+// m % q of its group) is the term of grad_w[b + (m / q) * q + (m % q + d)
+// % q][m % q] for that pixel and tap. So a pixel's grad_output vector is
+// rotated q - 1 times and serves every tap of a kernel row, each tap one
+// unshuffled input vector times the q rotations: kS x q sums in registers,
+// one kernel row a pass over a chunk of output rows. Chunks are a fixed
+// number of rows (not a share of the threads), their sums added in chunk
+// order afterwards, so the result does not depend on the threads.
+struct WgradProblem {
+  const ConvParams& p;
+  const float *x, *go;  // [N][H][W][C], [N][P][Q][C]
+  float* partial;       // [chunk][tap][d][C]
+  int64_t chunk_rows;   // output rows (over the batch) a chunk
+};
+
+// Registers for kS x kQ sums, kQ rotations and an input vector.
+template <typename T>
+constexpr bool wgrad_supported(int q, int s) {
+  return q * (s + 1) + 2 <= (T::kVL == 16 ? 32 : 16);
+}
+
+template <typename T, int kQ, int kD, int... kL>
+__attribute__((always_inline)) inline typename T::vec rotate(typename T::vec v,
+                                                            std::integer_sequence<int, kL...>) {
+  return __builtin_shuffle(v, typename T::ivec{((kL / kQ) * kQ + (kL % kQ + kD) % kQ)...});
+}
+
+template <typename T, int kQ, int... kD>
+__attribute__((always_inline)) inline void rotations(typename T::vec g, typename T::vec* r,
+                                                     std::integer_sequence<int, kD...>) {
+  const auto lanes = std::make_integer_sequence<int, T::kVL>{};
+  ((r[kD] = rotate<T, kQ, kD>(g, lanes)), ...);
+}
+
+// Output pixel ow of a row: its grad_output rotations times the kS taps'
+// input vectors. kChecked: taps outside the input are skipped.
+template <typename T, int kQ, int kS, bool kChecked>
+__attribute__((always_inline)) inline void wgrad_pixel(const ConvParams& p, const float* xrow,
+                                                       const float* gorow, int64_t ow,
+                                                       typename T::vec (*acc)[kQ]) {
+  typedef typename T::vec vec;
+  const int64_t C = p.in_channels;
+  vec r[kQ];
+  rotations<T, kQ>(load<T>(gorow + ow * C), r, std::make_integer_sequence<int, kQ>{});
+  const int64_t iw0 = ow * p.stride_w - p.pad_w;
+#pragma GCC unroll 8
+  for (int s = 0; s < kS; ++s) {
+    const int64_t iw = iw0 + s * p.dilation_w;
+    if (kChecked && (iw < 0 || iw >= p.in_w)) continue;
+    const vec xv = load<T>(xrow + iw * C);
+#pragma GCC unroll 8
+    for (int d = 0; d < kQ; ++d) acc[s][d] += r[d] * xv;
+  }
+}
+
+// Chunk `chunk`, channels [b, b + kVL) (storing lanes lane0 on: the lanes
+// below are another task's where the last block overlaps the one before).
+template <typename T, int kQ, int kS>
+__attribute__((always_inline)) inline void wgrad_block(const WgradProblem& a, int64_t chunk,
+                                                       int64_t b, int64_t lane0) {
+  typedef typename T::vec vec;
+  const ConvParams& p = a.p;
+  const int64_t C = p.in_channels, taps = p.taps();
+  const int64_t t0 = chunk * a.chunk_rows;
+  const int64_t t1 = std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h);
+  // The output columns whose every tap of a row reads inside the input.
+  const int64_t reach = (kS - 1) * p.dilation_w;
+  const int64_t lo = std::min<int64_t>(p.out_w, (p.pad_w + p.stride_w - 1) / p.stride_w);
+  const int64_t last = p.in_w - 1 - reach + p.pad_w;  // ow * stride_w <= last
+  const int64_t hi = std::max<int64_t>(lo, last < 0 ? 0 : std::min<int64_t>(p.out_w, last / p.stride_w + 1));
+  for (int64_t r = 0; r < p.kernel_h; ++r) {
+    vec acc[kS][kQ];
+    for (int s = 0; s < kS; ++s)
+      for (int d = 0; d < kQ; ++d) acc[s][d] = vec{};
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / p.out_h, oh = t % p.out_h;
+      const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
+      if (ih < 0 || ih >= p.in_h) continue;
+      const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + b;
+      const float* gorow = a.go + t * p.out_w * C + b;
+      for (int64_t ow = 0; ow < lo; ++ow) wgrad_pixel<T, kQ, kS, true>(p, xrow, gorow, ow, acc);
+      for (int64_t ow = lo; ow < hi; ++ow) wgrad_pixel<T, kQ, kS, false>(p, xrow, gorow, ow, acc);
+      for (int64_t ow = hi; ow < p.out_w; ++ow)
+        wgrad_pixel<T, kQ, kS, true>(p, xrow, gorow, ow, acc);
+    }
+    for (int s = 0; s < kS; ++s)
+      for (int d = 0; d < kQ; ++d) {
+        float* out = a.partial + ((chunk * taps + r * kS + s) * kQ + d) * C + b;
+        for (int64_t l = lane0; l < T::kVL; ++l) out[l] = acc[s][d][l];
+      }
+  }
+}
+
+template <typename T, int kQ, int kS>
+__attribute__((always_inline)) inline void wgrad_blocks(const WgradProblem& a, int64_t begin,
+                                                        int64_t end) {
+  const int64_t C = a.p.in_channels, blocks = (C + T::kVL - 1) / T::kVL;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t chunk = t / blocks, blk = t % blocks;
+    const int64_t b = block_start(blk, T::kVL, C);
+    wgrad_block<T, kQ, kS>(a, chunk, b, blk * T::kVL - b);
+  }
+}
+
+// Whether (q, s) is (kQ, kS) and this instruction set holds it: then the
+// chunk's blocks run. (No lambda: it would not carry the ISA's target.)
+template <typename T, int kQ, int kS>
+__attribute__((always_inline)) inline bool wgrad_take(const WgradProblem& a, int64_t begin,
+                                                      int64_t end, int q, int s) {
+  if constexpr (wgrad_supported<T>(kQ, kS) && 2 * kQ <= T::kVL) {
+    if (q == kQ && s == kS) {
+      wgrad_blocks<T, kQ, kS>(a, begin, end);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Tasks [begin, end): task t is vector t % blocks of the channels over
+// chunk t / blocks.
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_tasks(const WgradProblem& a, int64_t begin,
+                                                       int64_t end) {
+  const int q = int(a.p.in_channels_per_group()), s = int(a.p.kernel_w);
+  // grouped_wgrad_nhwc_fits admits only these.
+  (void)(wgrad_take<T, 2, 1>(a, begin, end, q, s) || wgrad_take<T, 2, 3>(a, begin, end, q, s) ||
+         wgrad_take<T, 2, 5>(a, begin, end, q, s) || wgrad_take<T, 2, 7>(a, begin, end, q, s) ||
+         wgrad_take<T, 4, 1>(a, begin, end, q, s) || wgrad_take<T, 4, 3>(a, begin, end, q, s) ||
+         wgrad_take<T, 4, 5>(a, begin, end, q, s) || wgrad_take<T, 8, 1>(a, begin, end, q, s));
+}
+CONV2D_EXT_ISA_VARIANTS(grouped_wgrad, WgradProblem, wgrad_tasks)
+
 int vector_floats(Isa i) { return pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL); }
+
+// Whether this instruction set's wgrad holds q channels a group and s
+// columns of taps.
+bool wgrad_takes(Isa i, int64_t q, int64_t s) {
+  if (!(s == 1 || s == 3 || s == 5 || s == 7)) return false;
+  const int qi = int(q), si = int(s);
+  return pick(i, wgrad_supported<Avx512>(qi, si), wgrad_supported<Avx2>(qi, si),
+              wgrad_supported<Baseline>(qi, si));
+}
 
 }  // namespace
 
@@ -161,6 +304,44 @@ bool grouped_nhwc_fits(const ConvParams& p) {
   const int64_t q = p.in_channels_per_group(), vl = vector_floats(isa());
   return p.groups > 1 && p.out_channels_per_group() == q && (q == 2 || q == 4 || q == 8) &&
          2 * q <= vl && p.in_channels >= vl;
+}
+
+bool grouped_wgrad_nhwc_fits(const ConvParams& p) {
+  return grouped_nhwc_fits(p) && wgrad_takes(isa(), p.in_channels_per_group(), p.kernel_w);
+}
+
+void wgrad_grouped_nhwc(const ConvParams& p, const float* grad_out, const float* x,
+                        float* grad_w) {
+  const Isa i = isa();
+  const int64_t vl = vector_floats(i), C = p.in_channels, q = p.in_channels_per_group();
+  const int64_t taps = p.taps(), rows = p.batch * p.out_h, blocks = (C + vl - 1) / vl;
+  // Chunks of a fixed number of rows whatever the thread count: about
+  // kChunkBytes of grad_output and input.
+  constexpr int64_t kChunkBytes = 256 << 10;
+  const int64_t row_bytes = int64_t(sizeof(float)) * C * (p.out_w + p.in_w * p.stride_h);
+  const int64_t chunk_rows = std::max<int64_t>(1, kChunkBytes / row_bytes);
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  std::vector<float> partial(size_t(chunks * taps * q * C));
+  const WgradProblem a{p, x, grad_out, partial.data(), chunk_rows};
+  auto* run = pick(i, &grouped_wgrad_avx512, &grouped_wgrad_avx2, &grouped_wgrad_baseline);
+  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
+  // grad_w [K][R][S][q] (channels_last): weight (k, tap, c) is rotation
+  // d = (k % q - c) mod q of lane channel (k / q) * q + c, summed over the
+  // chunks in order.
+  at::parallel_for(0, C, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t ch = begin; ch < end; ++ch) {
+      const int64_t base = ch / q * q, c = ch % q;
+      for (int64_t d = 0; d < q; ++d) {
+        const int64_t k = base + (c + d) % q;
+        for (int64_t t = 0; t < taps; ++t) {
+          float sum = 0.f;
+          for (int64_t j = 0; j < chunks; ++j)
+            sum += partial[size_t(((j * taps + t) * q + d) * C + ch)];
+          grad_w[(k * taps + t) * q + c] = sum;
+        }
+      }
+    }
+  });
 }
 
 void fprop_grouped_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,

@@ -1,4 +1,4 @@
-// The CPU's packed-group kernel (grouped.cpp): grouped layers over
+// The CPU's packed-group kernels (grouped.cpp): grouped layers over
 // channels_last operands with as many output channels a group as input
 // channels, and few of them (2, 4 or 8): several groups fill one vector of
 // channels, where one group a block would leave most of its lanes empty
@@ -20,6 +20,15 @@ bool grouped_nhwc_fits(const ConvParams& p);
 // per group).
 void fprop_grouped_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
                         float* y);
+
+// grad_w [K][R][S][C per group] (a channels_last weight) from
+// channels_last grad_output and x, where grouped_nhwc_fits and this
+// instruction set's registers hold a kernel row's sums (1, 3, 5 or 7
+// columns of taps; AVX-512: up to 7 columns with 2 channels a group, 5 with
+// 4, 1 with 8; AVX2 and baseline: 5 with 2, 1 with 4).
+bool grouped_wgrad_nhwc_fits(const ConvParams& p);
+void wgrad_grouped_nhwc(const ConvParams& p, const float* grad_out, const float* x,
+                        float* grad_w);
 
 }  // namespace cpu
 }  // namespace conv2d_ext

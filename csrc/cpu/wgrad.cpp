@@ -14,6 +14,7 @@
 #include "../plan.h"
 #include "blocked.h"
 #include "few_pixels.h"
+#include "grouped.h"
 #include "loops.h"
 
 namespace conv2d_ext {
@@ -81,7 +82,13 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
       [](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
          at::Tensor& grad_w, bool channels_last) {
         if (channels_last) {
-          const Algo algo = choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0).algo;
+          const Algo algo =
+              choose_plan(p, Pass::kWgrad, go.scalar_type(), /*sm=*/0, /*channels_last=*/true).algo;
+          if (algo == Algo::kCpuGrouped) {
+            wgrad_grouped_nhwc(p, go.data_ptr<float>(), x.data_ptr<float>(),
+                               grad_w.data_ptr<float>());
+            return;
+          }
           if (algo == Algo::kCpuFewPixels) {  // grad_w written in its own layout
             wgrad_few_pixels(p, go.data_ptr<float>(), x.data_ptr<float>(),
                              grad_w.data_ptr<float>(), /*nhwc=*/true);
