@@ -215,7 +215,9 @@ def test_wgrad_against_float64(isa_name, case, layout):
         y = conv2d_ext.conv2d(x, wg, b, **kw)
         gy = torch.randn_like(y)
         (gw,) = torch.autograd.grad(y, [wg], gy)
-    assert report.split()[0] == "cpu_blocked", report
+    isa_here = report.split("isa=")[-1].split()[0]
+    grouped = layout == "channels_last" and _grouped_fits(x, w, kw, isa_here, "backward_weight")
+    assert report.split()[0] == ("cpu_grouped" if grouped else "cpu_blocked"), report
     assert ("layout=nhwc" in report) == (layout == "channels_last"), report
     if layout == "channels_last":
         assert gw.is_contiguous(memory_format=torch.channels_last)
@@ -499,9 +501,9 @@ def test_narrow_kernels_against_float64(isa_name, case):
 
 # channels_last grouped layers of 2, 4 or 8 channels a group in and out:
 # the packed-group kernels (forward; dgrad as forwards, by phases where
-# strided; wgrad where a kernel row's sums fit the registers), several
-# groups a vector, where a group is at most half a vector and the layer at
-# least one. (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
+# strided; wgrad with 1, 3, 5 or 7 columns of taps, in as many passes as
+# the registers need), several groups a vector, where a group is at most
+# half a vector and the layer at least one. (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
 GROUPED = {
     "q8_3x3": (2, 32, 10, 15, 32, (3, 3), 1, 1, 1, 4, True),
     # 20 channels: the last block of channels overlaps the one before it.
@@ -523,8 +525,8 @@ def _grouped_fits(x, w, kw, isa_here, pass_="forward"):
     q, vl, s = w.shape[1], VECTOR_FLOATS[isa_here], w.shape[3]
     fits = (kw["groups"] > 1 and w.shape[0] // kw["groups"] == q and q in (2, 4, 8)
             and 2 * q <= vl and x.shape[1] >= vl)
-    if pass_ == "backward_weight":  # a kernel row's q x S sums, q rotations, an input
-        fits = fits and s in (1, 3, 5, 7) and q * (s + 1) + 2 <= (32 if vl == 16 else 16)
+    if pass_ == "backward_weight":
+        fits = fits and s in (1, 3, 5, 7)
     return fits
 
 
@@ -533,9 +535,9 @@ def _grouped_fits(x, w, kw, isa_here, pass_="forward"):
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_grouped_against_float64(isa_name, case, layout):
     """cpu_grouped runs channels_last operands where a group fits half this
-    instruction set's vector (wgrad: where a kernel row's sums fit its
-    registers; the others, and NCHW operands, keep the blocked and narrow
-    kernels); every pass against float64, results channels_last."""
+    instruction set's vector (wgrad: 1, 3, 5 or 7 columns of taps; the
+    others, and NCHW operands, keep the blocked and narrow kernels); every
+    pass against float64, results channels_last."""
     x, w, b, kw = _from(GROUPED, case, 7)
     if layout == "channels_last":
         x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)

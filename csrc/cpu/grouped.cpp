@@ -157,12 +157,13 @@ CONV2D_EXT_ISA_VARIANTS(grouped, Problem, rows)
 // each group by d (lane m: channel (m / q) * q + (m % q + d) % q): lane m of
 // its product with the input's vector (lane m: channel b + m, channel
 // m % q of its group) is the term of grad_w[b + (m / q) * q + (m % q + d)
-// % q][m % q] for that pixel and tap. So a pixel's grad_output vector is
-// rotated q - 1 times and serves every tap of a kernel row, each tap one
-// unshuffled input vector times the q rotations: kS x q sums in registers,
-// one kernel row a pass over a chunk of output rows. Chunks are a fixed
-// number of rows (not a share of the threads), their sums added in chunk
-// order afterwards, so the result does not depend on the threads.
+// % q][m % q] for that pixel and tap. So a pixel's grad_output vector,
+// rotated, serves every tap of a kernel row, each tap one unshuffled input
+// vector times the rotations: a pass over a chunk of output rows holds one
+// kernel row's kS x kDN sums (kDN of the q rotations, as many as the
+// registers hold beside them). Chunks are a fixed number of rows (not a
+// share of the threads), their sums added in chunk order afterwards, so the
+// result does not depend on the threads.
 struct WgradProblem {
   const ConvParams& p;
   const float *x, *go;  // [N][H][W][C], [N][P][Q][C]
@@ -170,10 +171,14 @@ struct WgradProblem {
   int64_t chunk_rows;   // output rows (over the batch) a chunk
 };
 
-// Registers for kS x kQ sums, kQ rotations and an input vector.
+// Rotations a pass takes: the most (a divisor of q) whose kS x kDN sums,
+// kDN rotations and an input vector fit the registers.
 template <typename T>
-constexpr bool wgrad_supported(int q, int s) {
-  return q * (s + 1) + 2 <= (T::kVL == 16 ? 32 : 16);
+constexpr int rotations_per_pass(int q, int s) {
+  const int regs = T::kVL == 16 ? 32 : 16;
+  int dn = q;
+  while (dn > 1 && dn * (s + 1) + 2 > regs) dn /= 2;
+  return dn;
 }
 
 template <typename T, int kQ, int kD, int... kL>
@@ -182,23 +187,25 @@ __attribute__((always_inline)) inline typename T::vec rotate(typename T::vec v,
   return __builtin_shuffle(v, typename T::ivec{((kL / kQ) * kQ + (kL % kQ + kD) % kQ)...});
 }
 
-template <typename T, int kQ, int... kD>
+// r[i] = rotation kD0 + i of g.
+template <typename T, int kQ, int kD0, int... kI>
 __attribute__((always_inline)) inline void rotations(typename T::vec g, typename T::vec* r,
-                                                     std::integer_sequence<int, kD...>) {
+                                                     std::integer_sequence<int, kI...>) {
   const auto lanes = std::make_integer_sequence<int, T::kVL>{};
-  ((r[kD] = rotate<T, kQ, kD>(g, lanes)), ...);
+  ((r[kI] = rotate<T, kQ, kD0 + kI>(g, lanes)), ...);
 }
 
-// Output pixel ow of a row: its grad_output rotations times the kS taps'
-// input vectors. kChecked: taps outside the input are skipped.
-template <typename T, int kQ, int kS, bool kChecked>
+// Output pixel ow of a row: its grad_output rotations kD0 .. kD0 + kDN
+// times the kS taps' input vectors. kChecked: taps outside the input are
+// skipped.
+template <typename T, int kQ, int kS, int kD0, int kDN, bool kChecked>
 __attribute__((always_inline)) inline void wgrad_pixel(const ConvParams& p, const float* xrow,
                                                        const float* gorow, int64_t ow,
-                                                       typename T::vec (*acc)[kQ]) {
+                                                       typename T::vec (*acc)[kDN]) {
   typedef typename T::vec vec;
   const int64_t C = p.in_channels;
-  vec r[kQ];
-  rotations<T, kQ>(load<T>(gorow + ow * C), r, std::make_integer_sequence<int, kQ>{});
+  vec r[kDN];
+  rotations<T, kQ, kD0>(load<T>(gorow + ow * C), r, std::make_integer_sequence<int, kDN>{});
   const int64_t iw0 = ow * p.stride_w - p.pad_w;
 #pragma GCC unroll 8
   for (int s = 0; s < kS; ++s) {
@@ -206,65 +213,77 @@ __attribute__((always_inline)) inline void wgrad_pixel(const ConvParams& p, cons
     if (kChecked && (iw < 0 || iw >= p.in_w)) continue;
     const vec xv = load<T>(xrow + iw * C);
 #pragma GCC unroll 8
-    for (int d = 0; d < kQ; ++d) acc[s][d] += r[d] * xv;
+    for (int d = 0; d < kDN; ++d) acc[s][d] += r[d] * xv;
   }
 }
 
-// Chunk `chunk`, channels [b, b + kVL) (storing lanes lane0 on: the lanes
-// below are another task's where the last block overlaps the one before).
-template <typename T, int kQ, int kS>
-__attribute__((always_inline)) inline void wgrad_block(const WgradProblem& a, int64_t chunk,
-                                                       int64_t b, int64_t lane0) {
+// What a block's passes share: its chunk of rows, channels [b, b + kVL)
+// (storing lanes lane0 on: the lanes below are another task's where the
+// last block overlaps the one before), and the output columns [lo, hi)
+// whose every tap of a row reads inside the input.
+struct WgradBlock {
+  int64_t chunk, t0, t1, b, lane0, lo, hi;
+};
+
+// Rotations kD0 .. kD0 + kDN of the block, kernel row by kernel row; then
+// the next kDN rotations.
+template <typename T, int kQ, int kS, int kD0, int kDN>
+__attribute__((always_inline)) inline void wgrad_passes(const WgradProblem& a,
+                                                        const WgradBlock& k) {
   typedef typename T::vec vec;
   const ConvParams& p = a.p;
   const int64_t C = p.in_channels, taps = p.taps();
-  const int64_t t0 = chunk * a.chunk_rows;
-  const int64_t t1 = std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h);
-  // The output columns whose every tap of a row reads inside the input.
-  const int64_t reach = (kS - 1) * p.dilation_w;
-  const int64_t lo = std::min<int64_t>(p.out_w, (p.pad_w + p.stride_w - 1) / p.stride_w);
-  const int64_t last = p.in_w - 1 - reach + p.pad_w;  // ow * stride_w <= last
-  const int64_t hi = std::max<int64_t>(lo, last < 0 ? 0 : std::min<int64_t>(p.out_w, last / p.stride_w + 1));
   for (int64_t r = 0; r < p.kernel_h; ++r) {
-    vec acc[kS][kQ];
+    vec acc[kS][kDN];
     for (int s = 0; s < kS; ++s)
-      for (int d = 0; d < kQ; ++d) acc[s][d] = vec{};
-    for (int64_t t = t0; t < t1; ++t) {
+      for (int d = 0; d < kDN; ++d) acc[s][d] = vec{};
+    for (int64_t t = k.t0; t < k.t1; ++t) {
       const int64_t n = t / p.out_h, oh = t % p.out_h;
       const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
       if (ih < 0 || ih >= p.in_h) continue;
-      const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + b;
-      const float* gorow = a.go + t * p.out_w * C + b;
-      for (int64_t ow = 0; ow < lo; ++ow) wgrad_pixel<T, kQ, kS, true>(p, xrow, gorow, ow, acc);
-      for (int64_t ow = lo; ow < hi; ++ow) wgrad_pixel<T, kQ, kS, false>(p, xrow, gorow, ow, acc);
-      for (int64_t ow = hi; ow < p.out_w; ++ow)
-        wgrad_pixel<T, kQ, kS, true>(p, xrow, gorow, ow, acc);
+      const float* xrow = a.x + ((n * p.in_h + ih) * p.in_w) * C + k.b;
+      const float* gorow = a.go + t * p.out_w * C + k.b;
+      for (int64_t ow = 0; ow < k.lo; ++ow)
+        wgrad_pixel<T, kQ, kS, kD0, kDN, true>(p, xrow, gorow, ow, acc);
+      for (int64_t ow = k.lo; ow < k.hi; ++ow)
+        wgrad_pixel<T, kQ, kS, kD0, kDN, false>(p, xrow, gorow, ow, acc);
+      for (int64_t ow = k.hi; ow < p.out_w; ++ow)
+        wgrad_pixel<T, kQ, kS, kD0, kDN, true>(p, xrow, gorow, ow, acc);
     }
     for (int s = 0; s < kS; ++s)
-      for (int d = 0; d < kQ; ++d) {
-        float* out = a.partial + ((chunk * taps + r * kS + s) * kQ + d) * C + b;
-        for (int64_t l = lane0; l < T::kVL; ++l) out[l] = acc[s][d][l];
+      for (int d = 0; d < kDN; ++d) {
+        float* out = a.partial + ((k.chunk * taps + r * kS + s) * kQ + kD0 + d) * C + k.b;
+        for (int64_t l = k.lane0; l < T::kVL; ++l) out[l] = acc[s][d][l];
       }
   }
+  if constexpr (kD0 + kDN < kQ) wgrad_passes<T, kQ, kS, kD0 + kDN, kDN>(a, k);
 }
 
 template <typename T, int kQ, int kS>
 __attribute__((always_inline)) inline void wgrad_blocks(const WgradProblem& a, int64_t begin,
                                                         int64_t end) {
-  const int64_t C = a.p.in_channels, blocks = (C + T::kVL - 1) / T::kVL;
+  const ConvParams& p = a.p;
+  const int64_t C = p.in_channels, blocks = (C + T::kVL - 1) / T::kVL;
+  const int64_t reach = (kS - 1) * p.dilation_w;
+  const int64_t lo = std::min<int64_t>(p.out_w, (p.pad_w + p.stride_w - 1) / p.stride_w);
+  const int64_t last = p.in_w - 1 - reach + p.pad_w;  // interior: ow * stride_w <= last
+  const int64_t hi =
+      std::max<int64_t>(lo, last < 0 ? 0 : std::min<int64_t>(p.out_w, last / p.stride_w + 1));
   for (int64_t t = begin; t < end; ++t) {
     const int64_t chunk = t / blocks, blk = t % blocks;
-    const int64_t b = block_start(blk, T::kVL, C);
-    wgrad_block<T, kQ, kS>(a, chunk, b, blk * T::kVL - b);
+    const int64_t b = block_start(blk, T::kVL, C), t0 = chunk * a.chunk_rows;
+    const WgradBlock k{chunk, t0, std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h),
+                       b,     blk * T::kVL - b, lo, hi};
+    wgrad_passes<T, kQ, kS, 0, rotations_per_pass<T>(kQ, kS)>(a, k);
   }
 }
 
-// Whether (q, s) is (kQ, kS) and this instruction set holds it: then the
-// chunk's blocks run. (No lambda: it would not carry the ISA's target.)
+// Whether (q, s) is (kQ, kS): then the tasks run. (No lambda: it would not
+// carry the instruction set's target.)
 template <typename T, int kQ, int kS>
 __attribute__((always_inline)) inline bool wgrad_take(const WgradProblem& a, int64_t begin,
                                                       int64_t end, int q, int s) {
-  if constexpr (wgrad_supported<T>(kQ, kS) && 2 * kQ <= T::kVL) {
+  if constexpr (2 * kQ <= T::kVL) {
     if (q == kQ && s == kS) {
       wgrad_blocks<T, kQ, kS>(a, begin, end);
       return true;
@@ -273,30 +292,26 @@ __attribute__((always_inline)) inline bool wgrad_take(const WgradProblem& a, int
   return false;
 }
 
+template <typename T, int kQ>
+__attribute__((always_inline)) inline bool wgrad_take_q(const WgradProblem& a, int64_t begin,
+                                                        int64_t end, int q, int s) {
+  return wgrad_take<T, kQ, 1>(a, begin, end, q, s) || wgrad_take<T, kQ, 3>(a, begin, end, q, s) ||
+         wgrad_take<T, kQ, 5>(a, begin, end, q, s) || wgrad_take<T, kQ, 7>(a, begin, end, q, s);
+}
+
 // Tasks [begin, end): task t is vector t % blocks of the channels over
-// chunk t / blocks.
+// chunk t / blocks (grouped_wgrad_nhwc_fits: q 2, 4 or 8; 1, 3, 5 or 7
+// columns of taps).
 template <typename T>
 __attribute__((always_inline)) inline void wgrad_tasks(const WgradProblem& a, int64_t begin,
                                                        int64_t end) {
   const int q = int(a.p.in_channels_per_group()), s = int(a.p.kernel_w);
-  // grouped_wgrad_nhwc_fits admits only these.
-  (void)(wgrad_take<T, 2, 1>(a, begin, end, q, s) || wgrad_take<T, 2, 3>(a, begin, end, q, s) ||
-         wgrad_take<T, 2, 5>(a, begin, end, q, s) || wgrad_take<T, 2, 7>(a, begin, end, q, s) ||
-         wgrad_take<T, 4, 1>(a, begin, end, q, s) || wgrad_take<T, 4, 3>(a, begin, end, q, s) ||
-         wgrad_take<T, 4, 5>(a, begin, end, q, s) || wgrad_take<T, 8, 1>(a, begin, end, q, s));
+  (void)(wgrad_take_q<T, 2>(a, begin, end, q, s) || wgrad_take_q<T, 4>(a, begin, end, q, s) ||
+         wgrad_take_q<T, 8>(a, begin, end, q, s));
 }
 CONV2D_EXT_ISA_VARIANTS(grouped_wgrad, WgradProblem, wgrad_tasks)
 
 int vector_floats(Isa i) { return pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL); }
-
-// Whether this instruction set's wgrad holds q channels a group and s
-// columns of taps.
-bool wgrad_takes(Isa i, int64_t q, int64_t s) {
-  if (!(s == 1 || s == 3 || s == 5 || s == 7)) return false;
-  const int qi = int(q), si = int(s);
-  return pick(i, wgrad_supported<Avx512>(qi, si), wgrad_supported<Avx2>(qi, si),
-              wgrad_supported<Baseline>(qi, si));
-}
 
 }  // namespace
 
@@ -307,7 +322,8 @@ bool grouped_nhwc_fits(const ConvParams& p) {
 }
 
 bool grouped_wgrad_nhwc_fits(const ConvParams& p) {
-  return grouped_nhwc_fits(p) && wgrad_takes(isa(), p.in_channels_per_group(), p.kernel_w);
+  const int64_t s = p.kernel_w;
+  return grouped_nhwc_fits(p) && (s == 1 || s == 3 || s == 5 || s == 7);
 }
 
 void wgrad_grouped_nhwc(const ConvParams& p, const float* grad_out, const float* x,

@@ -22,10 +22,8 @@ void fprop_grouped_nhwc(const ConvParams& p, const float* x, const float* w, con
                         float* y);
 
 // grad_w [K][R][S][C per group] (a channels_last weight) from
-// channels_last grad_output and x, where grouped_nhwc_fits and this
-// instruction set's registers hold a kernel row's sums (1, 3, 5 or 7
-// columns of taps; AVX-512: up to 7 columns with 2 channels a group, 5 with
-// 4, 1 with 8; AVX2 and baseline: 5 with 2, 1 with 4).
+// channels_last grad_output and x, where grouped_nhwc_fits, with 1, 3, 5 or
+// 7 columns of taps.
 bool grouped_wgrad_nhwc_fits(const ConvParams& p);
 void wgrad_grouped_nhwc(const ConvParams& p, const float* grad_out, const float* x,
                         float* grad_w);
