@@ -134,6 +134,8 @@ GROUPS = {
         "stem_7x7": Shape(32, 3, 64, 224, 224, (7, 7), stride=(2, 2), padding=(3, 3)),
         "depthwise_3x3": Shape(32, 128, 128, 112, 112, (3, 3), padding=(1, 1), groups=128),
         "grouped_3x3": Shape(32, 128, 128, 56, 56, (3, 3), padding=(1, 1), groups=32),
+        # 8 channels a group (ResNeXt's and RegNet's wider groups).
+        "grouped_8_3x3": Shape(32, 256, 256, 56, 56, (3, 3), padding=(1, 1), groups=32),
         "dw_3x3": Shape(16, 64, 64, 512, 512, (3, 3), padding=(1, 1), groups=64),
         "dw_5x5": Shape(32, 256, 256, 56, 56, (5, 5), padding=(2, 2), groups=256),
         "rgb_3x5": Shape(16, 3, 64, 256, 256, (3, 5), padding=(1, 2)),
