@@ -212,8 +212,11 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       plan.algo = Algo::kCpuGrouped;
       return plan;
     }
-    // (Strided depthwise dgrad: the direct loop beats its phases.)
-    const bool depthwise = cpu::depthwise_fits(f) && (pass != Pass::kDgrad || dgrad_is_fprop(p));
+    // (Strided depthwise dgrad over NCHW operands: the direct loop beats its
+    // phases; over channels_last ones, the phases' channels in vectors do.)
+    const bool depthwise =
+        cpu::depthwise_fits(f) && (pass != Pass::kDgrad || dgrad_is_fprop(p) ||
+                                   (channels_last && cpu::depthwise_nhwc_fits(f)));
     // (Depthwise dgrad would fill a quarter of the narrow kernel's
     // channels.)
     const bool depthwise_layer = p.in_channels_per_group() == 1 && p.groups > 1;
@@ -396,7 +399,8 @@ bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
       return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(p)) ||
              (algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(p));
     case Pass::kDgrad:
-      // Depthwise: unit stride only (the plan's depthwise dgrad).
+      // Depthwise: one forward, or one a stride phase (the plan's depthwise
+      // dgrad over channels_last operands).
       return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(dgrad_as_fprop(p))) ||
              (algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(dgrad_as_fprop(p)));
     case Pass::kWgrad:
@@ -452,8 +456,8 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
     case Algo::kCpuFewPixels:
     case Algo::kCpuGrouped:
       out << " isa=" << cpu::blocked_isa();
-      // (The few-pixel dgrad takes any stride itself; depthwise dgrad runs
-      // at unit stride only.)
+      // (The few-pixel dgrad takes any stride itself; the others run a
+      // forward a stride phase.)
       if (plan.algo != Algo::kCpuFewPixels && which == Pass::kDgrad && !dgrad_is_fprop(p))
         out << " phases=" << dgrad_phases(p).size();
       if (channels_last && cpu_nhwc(p, which, dtype)) out << " layout=nhwc";

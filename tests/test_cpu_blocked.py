@@ -132,8 +132,8 @@ def test_same_bits_for_one_and_all_threads(case, pass_, layout):
 
 def test_strided_depthwise_dgrad_and_float64_keep_the_direct_loop():
     """Depthwise layers at column stride 2 run their own kernels but for a
-    strided dgrad (the direct loop, faster than its phases); float64 keeps
-    the accurate loop."""
+    strided dgrad over NCHW operands (the direct loop, faster than its
+    phases); float64 keeps the accurate loop."""
     x = torch.randn(2, 32, 12, 12)
     w = torch.randn(32, 1, 3, 3)
     assert ops._algorithm("forward", x, w, [1, 2], [1, 1], [1, 1], 32) == "cpu_depthwise"
@@ -407,10 +407,11 @@ def _depthwise_nhwc_wgrad(report, channels, ks, stride, dilation, mult):
 def test_depthwise_backward_against_float64(isa_name, case, layout):
     """wgrad on the depthwise wgrad kernel (unit column stride); dgrad at
     unit stride with one output channel per group as the depthwise forward
-    on the flipped weight, else the direct loop (strided depthwise dgrad by
-    phases ran slower than it). channels_last: dgrad on the channels_last
-    depthwise forward, wgrad on its own kernel where
-    _depthwise_nhwc_wgrad holds; else on NCHW copies."""
+    on the flipped weight, else over NCHW operands the direct loop (strided
+    depthwise dgrad by phases ran slower than it). channels_last: dgrad on
+    the channels_last depthwise forward (one a stride phase where strided),
+    wgrad on its own kernel where _depthwise_nhwc_wgrad holds; else on NCHW
+    copies."""
     n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
     g = torch.Generator().manual_seed(3)
     x = torch.randn(n, c, h, w_, generator=g)
@@ -422,14 +423,14 @@ def test_depthwise_backward_against_float64(isa_name, case, layout):
     cl = layout == "channels_last"
     with isa(isa_name):
         assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "cpu_depthwise"
-        assert ops._algorithm("backward_input", *_args(x, w, kw)) == (
-            "cpu_depthwise" if unit and mult == 1 else "direct")
         report = ops._kernel("backward_weight", *_args(x, w, kw), 0)
         assert ("layout=nhwc" in report) == (
             cl and _depthwise_nhwc_wgrad(report, c, ks, stride, dilation, mult)), report
+        nhwc_dgrad = cl and _depthwise_nhwc(report, c, mult)
+        assert ops._algorithm("backward_input", *_args(x, w, kw)) == (
+            "cpu_depthwise" if (unit and mult == 1) or nhwc_dgrad else "direct")
         report = ops._kernel("backward_input", *_args(x, w, kw), 0)
-        assert ("layout=nhwc" in report) == (
-            cl and unit and _depthwise_nhwc(report, c, mult)), report
+        assert ("layout=nhwc" in report) == nhwc_dgrad, report
         y, gx, gw, gy = _all_passes(x, w, None, kw)
     if cl:
         assert gx.is_contiguous(memory_format=torch.channels_last)
@@ -518,9 +519,6 @@ GROUPED = {
     "q4_1x1": (1, 16, 10, 11, 16, (1, 1), 1, 0, 1, 4, True),
     "q2_1x7_column_stride_2": (1, 16, 8, 30, 16, (1, 7), (1, 2), (0, 3), 1, 8, True),
 }
-VECTOR_FLOATS = {"avx512": 16, "avx2": 8, "default": 4}
-
-
 def _grouped_fits(x, w, kw, isa_here, pass_="forward"):
     q, vl, s = w.shape[1], VECTOR_FLOATS[isa_here], w.shape[3]
     fits = (kw["groups"] > 1 and w.shape[0] // kw["groups"] == q and q in (2, 4, 8)

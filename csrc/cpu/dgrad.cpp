@@ -152,7 +152,14 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                              grad_in.data_ptr<float>(), /*nhwc=*/true);
             return;
           }
-          if (algo == Algo::kCpuDepthwise) {  // unit stride: one depthwise forward
+          if (algo == Algo::kCpuDepthwise) {  // one depthwise forward, or one a phase
+            if (!dgrad_is_fprop(p)) {
+              dgrad_phases_on(
+                  [](const ConvParams& f, const float* x, const float* sub, const float* b,
+                     float* y) { fprop_depthwise_nhwc(f, x, sub, b, y); },
+                  at::MemoryFormat::ChannelsLast, p, go, w, grad_in);
+              return;
+            }
             const at::Tensor wt = dgrad_weight(p, w).contiguous();
             fprop_depthwise_nhwc(dgrad_as_fprop(p), go.data_ptr<float>(), wt.data_ptr<float>(),
                                  nullptr, grad_in.data_ptr<float>());
