@@ -456,9 +456,12 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
     case Algo::kCpuFewPixels:
     case Algo::kCpuGrouped:
       out << " isa=" << cpu::blocked_isa();
-      // (The few-pixel dgrad takes any stride itself; the others run a
-      // forward a stride phase.)
-      if (plan.algo != Algo::kCpuFewPixels && which == Pass::kDgrad && !dgrad_is_fprop(p))
+      // (The few-pixel dgrad, and the depthwise one over channels_last
+      // operands, take any stride themselves; the others run a forward a
+      // stride phase.)
+      if (plan.algo != Algo::kCpuFewPixels &&
+          !(plan.algo == Algo::kCpuDepthwise && channels_last) && which == Pass::kDgrad &&
+          !dgrad_is_fprop(p))
         out << " phases=" << dgrad_phases(p).size();
       if (channels_last && cpu_nhwc(p, which, dtype)) out << " layout=nhwc";
       break;

@@ -255,6 +255,11 @@ DEPTHWISE = {
     # prefetching (each chunk's later channel passes the next chunk).
     "3x3_past_l2": (1, 32, 96, 90, 1, (3, 3), 1, 1, 1, True),
     "5x5_past_l2": (1, 48, 70, 70, 1, (5, 5), 1, 2, 1, False),
+    # Stride 2 over channels_last operands: wgrad's runs at column stride 2
+    # (from memory, prefetching), dgrad by column phase; 7 columns odd rows.
+    "3x3_stride_2_past_l2": (1, 32, 91, 94, 1, (3, 3), 2, 1, 1, True),
+    "7x7_stride_2_odd": (2, 20, 23, 25, 1, (7, 7), 2, 3, 1, False),
+    "5x5_stride_2_1_dilated_rows": (1, 17, 19, 22, 1, (5, 5), (2, 2), (4, 2), (2, 1), True),
 }
 
 
@@ -394,10 +399,10 @@ def _depthwise_nhwc(report, channels, mult):
 
 
 def _depthwise_nhwc_wgrad(report, channels, ks, stride, dilation, mult):
-    """The same for wgrad, which also needs unit column stride and dilation
-    and 3, 5 or 7 columns of taps."""
+    """The same for wgrad, which also needs column stride 1 or 2, unit
+    column dilation and 3, 5 or 7 columns of taps."""
     pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
-    return (_depthwise_nhwc(report, channels, mult) and pair(stride)[1] == 1
+    return (_depthwise_nhwc(report, channels, mult) and pair(stride)[1] in (1, 2)
             and pair(dilation)[1] == 1 and ks[1] in (3, 5, 7))
 
 

@@ -849,7 +849,8 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
 CONV2D_EXT_ISA_VARIANTS(dw_nhwc, DwNhwcProblem, dw_nhwc_range)
 
 // ---- depthwise wgrad over channels_last operands (one output channel per
-// input channel, unit column stride and dilation, kernel_w 3, 5 or 7): a
+// input channel, column stride 1 or 2, unit column dilation, kernel_w 3, 5
+// or 7): a
 // task is one vector of channels over a chunk of output rows; per kernel
 // row, its kS taps' sums in vector registers, each run of kP pixels of a
 // row holding grad_output's kP vectors while every input column under the
@@ -908,14 +909,15 @@ constexpr int wgrad_rows() {
   return std::max(1, std::min(3, (regs - T::kOW - 2) / kS));
 }
 
-// One run of kP pixels from ow0 for kRows kernel rows: xrow[k] the input
+// One run of kP pixels from ow0 at column stride kSW for kRows kernel rows:
+// xrow[k] the input
 // row kernel row k reads (at channel c0), stepped by step[k] floats a
 // column (0 for a row outside the input: xrow[k] is then kZeros); gorow
 // the grad_output row at c0. kEdge: the run reaches past the input's ends
 // or the output row's; columns outside the input read as zeros and pixels
 // past the row are skipped, not multiplied by zeros (an input pixel no tap
 // reads could be infinite).
-template <typename T, int kS, int kRows, bool kEdge>
+template <typename T, int kS, int kSW, int kRows, bool kEdge>
 __attribute__((always_inline)) inline void dw_wgrad_nhwc_run(
     const ConvParams& p, const float* const* xrow, const int64_t* step, const float* gorow,
     int64_t ow0, typename Vectors<T>::vec (*acc)[kS]) {
@@ -928,21 +930,24 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_run(
   const float* gp = gorow + ow0 * C;
   for (int j = 0; j < kP; ++j, gp += C)
     g[j] = !kEdge || j < npix ? *reinterpret_cast<const unaligned*>(gp) : vec{};
-  const int64_t iw0 = ow0 - p.pad_w;
+  const int64_t iw0 = ow0 * kSW - p.pad_w;
   const float* xp[kRows];
   for (int k = 0; k < kRows; ++k) xp[k] = xrow[k] + iw0 * step[k];
 #pragma GCC unroll 32
-  for (int i = 0; i < kP + kS - 1; ++i) {
+  for (int i = 0; i < (kP - 1) * kSW + kS; ++i) {
     const int64_t iw = iw0 + i;
 #pragma GCC unroll 4
     for (int k = 0; k < kRows; ++k) {
       const float* at = !kEdge || (iw >= 0 && iw < p.in_w) ? xp[k] : kZeros;
       const vec xv = *reinterpret_cast<const unaligned*>(at);
       xp[k] += step[k];
-      // Input column i is tap s of the run's pixel i - s.
+      // Input column i is tap s of the run's pixel (i - s) / kSW.
 #pragma GCC unroll 8
-      for (int s = 0; s < kS; ++s)
-        if (i - s >= 0 && i - s < kP && (!kEdge || i - s < npix)) acc[k][s] += g[i - s] * xv;
+      for (int s = 0; s < kS; ++s) {
+        const int j = (i - s) / kSW;
+        if (i - s >= 0 && (i - s) % kSW == 0 && j < kP && (!kEdge || j < npix))
+          acc[k][s] += g[j] * xv;
+      }
     }
   }
 }
@@ -950,7 +955,7 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_run(
 // The vector of channels from c0, storing lanes lane0 on (the lanes below
 // are another task's: the vector ending at the last channel overlaps the
 // one before it).
-template <typename T, int kS>
+template <typename T, int kS, int kSW>
 __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwcProblem& a,
                                                                int64_t chunk, int64_t c0,
                                                                int64_t lane0, bool first,
@@ -996,20 +1001,20 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwc
       const float* xnext = a.x + ((n_next * p.in_h + ih_next) * p.in_w) * C;
       const bool fetch_x = fetch && ih_next >= 0 && ih_next < p.in_h;
       for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
+        const int64_t iw0 = ow0 * kSW - p.pad_w;
         if (fetch) {
           const int64_t hi = std::min<int64_t>(ow0 + kP, p.out_w) * C;
           for (int64_t f = ow0 * C; f < hi; f += 16) __builtin_prefetch(gnext + f, 0, 3);
           if (fetch_x) {
-            const int64_t lo = std::max<int64_t>(ow0 - p.pad_w, 0) * C;
-            const int64_t xhi = std::min<int64_t>(ow0 - p.pad_w + kP, p.in_w) * C;
+            const int64_t lo = std::max<int64_t>(iw0, 0) * C;
+            const int64_t xhi = std::min<int64_t>(iw0 + kP * kSW, p.in_w) * C;
             for (int64_t f = lo; f < xhi; f += 16) __builtin_prefetch(xnext + f, 0, 3);
           }
         }
-        const int64_t iw0 = ow0 - p.pad_w;
-        if (iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w) {
-          dw_wgrad_nhwc_run<T, kS, kRows, true>(p, xrow, step, gorow, ow0, acc);
+        if (iw0 < 0 || iw0 + (kP - 1) * kSW + kS > p.in_w || ow0 + kP > p.out_w) {
+          dw_wgrad_nhwc_run<T, kS, kSW, kRows, true>(p, xrow, step, gorow, ow0, acc);
         } else {
-          dw_wgrad_nhwc_run<T, kS, kRows, false>(p, xrow, step, gorow, ow0, acc);
+          dw_wgrad_nhwc_run<T, kS, kSW, kRows, false>(p, xrow, step, gorow, ow0, acc);
         }
       }
     }
@@ -1022,6 +1027,19 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwc
           for (int64_t l = lane0; l < T::kVL; ++l) out[l] = acc[k][s][l];
         }
       }
+  }
+}
+
+template <typename T, int kSW>
+__attribute__((always_inline)) inline void dw_wgrad_nhwc_kernel_w(
+    const DwWgradNhwcProblem& a, int64_t chunk, int64_t c0, int64_t lane0, bool first,
+    const ChunkSpan* next, int64_t share, int64_t shares) {
+  if (a.p.kernel_w == 3) {
+    dw_wgrad_nhwc_block<T, 3, kSW>(a, chunk, c0, lane0, first, next, share, shares);
+  } else if (a.p.kernel_w == 5) {
+    dw_wgrad_nhwc_block<T, 5, kSW>(a, chunk, c0, lane0, first, next, share, shares);
+  } else {
+    dw_wgrad_nhwc_block<T, 7, kSW>(a, chunk, c0, lane0, first, next, share, shares);
   }
 }
 
@@ -1042,16 +1060,117 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_range(const DwWgradNhwc
     const ChunkSpan next = ahead ? chunk_span(a, chunk + 1) : ChunkSpan{};
     const int64_t share = (b - 1) * a.chunk_rows, shares = (blocks - 1) * a.chunk_rows;
     const ChunkSpan* n = ahead ? &next : nullptr;
-    if (p.kernel_w == 3) {
-      dw_wgrad_nhwc_block<T, 3>(a, chunk, c0, lane0, first, n, share, shares);
-    } else if (p.kernel_w == 5) {
-      dw_wgrad_nhwc_block<T, 5>(a, chunk, c0, lane0, first, n, share, shares);
+    if (p.stride_w == 1) {
+      dw_wgrad_nhwc_kernel_w<T, 1>(a, chunk, c0, lane0, first, n, share, shares);
     } else {
-      dw_wgrad_nhwc_block<T, 7>(a, chunk, c0, lane0, first, n, share, shares);
+      dw_wgrad_nhwc_kernel_w<T, 2>(a, chunk, c0, lane0, first, n, share, shares);
     }
   }
 }
 CONV2D_EXT_ISA_VARIANTS(dw_wgrad_nhwc, DwWgradNhwcProblem, dw_wgrad_nhwc_range)
+
+// ---- depthwise dgrad over channels_last operands at any stride (one
+// output channel per input channel): grad_input pixel (ih, iw) sums
+// grad_output (oh, ow) x weight (r, s) over the taps with oh * sh = ih +
+// ph - r * dh and ow * sw = iw + pw - s * dw. A task is one grad_input row;
+// its kernel rows are those the row's stride phase reaches, and its columns
+// go by column phase (iw mod sw), where the same columns of taps reach them
+// and consecutive columns of a phase read consecutive grad_output columns.
+// Per run of kP columns of a phase, one vector of channels: every reaching
+// tap one weight vector times kP grad_output vectors, written in place (no
+// per-phase tensors).
+struct DwDgradNhwcProblem {
+  const ConvParams& p;      // the layer's (grad_input is p's input)
+  const float *go, *wt;     // go [N][P][Q][C]; wt [R*S][C]
+  float* gi;                // [N][H][W][C]
+};
+
+// kP columns iw0, iw0 + sw, ... of grad_input row ih, channels from c0.
+// kEdge: some of them are past the row's end or read grad_output columns
+// outside it.
+template <typename T, bool kEdge>
+__attribute__((always_inline)) inline void dw_dgrad_nhwc_run(const DwDgradNhwcProblem& a,
+                                                             int64_t n, int64_t ih, int64_t iw0,
+                                                             int64_t c0, const int64_t* rows,
+                                                             int nrows, const int64_t* cols,
+                                                             int ncols) {
+  typedef typename Vectors<T>::vec vec;
+  typedef typename Vectors<T>::unaligned unaligned;
+  constexpr int kP = T::kOW;
+  const ConvParams& p = a.p;
+  const int64_t C = p.in_channels;
+  vec acc[kP];
+  for (int j = 0; j < kP; ++j) acc[j] = vec{};
+  for (int i = 0; i < nrows; ++i) {
+    const int64_t r = rows[i], oh = (ih + p.pad_h - r * p.dilation_h) / p.stride_h;
+    const float* gorow = a.go + ((n * p.out_h + oh) * p.out_w) * C + c0;
+    for (int k = 0; k < ncols; ++k) {
+      const int64_t s = cols[k];
+      const vec w = *reinterpret_cast<const unaligned*>(a.wt + (r * p.kernel_w + s) * C + c0);
+      // Column iw0 + j * sw reads grad_output column ow0 + j.
+      const int64_t ow0 = (iw0 + p.pad_w - s * p.dilation_w) / p.stride_w;
+#pragma GCC unroll 16
+      for (int j = 0; j < kP; ++j) {
+        const int64_t ow = ow0 + j;
+        if (kEdge && (ow < 0 || ow >= p.out_w || iw0 + j * p.stride_w >= p.in_w)) continue;
+        acc[j] += *reinterpret_cast<const unaligned*>(gorow + ow * C) * w;
+      }
+    }
+  }
+  for (int j = 0; j < kP; ++j) {
+    const int64_t iw = iw0 + j * p.stride_w;
+    if (kEdge && iw >= p.in_w) break;
+    *reinterpret_cast<unaligned*>(a.gi + ((n * p.in_h + ih) * p.in_w + iw) * C + c0) = acc[j];
+  }
+}
+
+// Tasks [begin, end): grad_input row t % H of image t / H. At least one
+// vector of channels (depthwise_nhwc_fits); channels past the last full
+// vector are taken by the vector ending at the last channel.
+template <typename T>
+__attribute__((always_inline)) inline void dw_dgrad_nhwc_range(const DwDgradNhwcProblem& a,
+                                                               int64_t begin, int64_t end) {
+  constexpr int kP = T::kOW;
+  const ConvParams& p = a.p;
+  const int64_t C = p.in_channels;
+  std::vector<int64_t> rows(size_t(p.kernel_h)), cols(size_t(p.kernel_w));
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t n = t / p.in_h, ih = t % p.in_h;
+    int nrows = 0;
+    for (int64_t r = 0; r < p.kernel_h; ++r) {
+      const int64_t u = ih + p.pad_h - r * p.dilation_h;
+      if (u >= 0 && u % p.stride_h == 0 && u / p.stride_h < p.out_h) rows[size_t(nrows++)] = r;
+    }
+    for (int64_t phase = 0; phase < std::min<int64_t>(p.stride_w, p.in_w); ++phase) {
+      int ncols = 0;
+      for (int64_t s = 0; s < p.kernel_w; ++s) {
+        const int64_t u = phase + p.pad_w - s * p.dilation_w;
+        // (u mod sw, for u of either sign)
+        if (((u % p.stride_w) + p.stride_w) % p.stride_w == 0) cols[size_t(ncols++)] = s;
+      }
+      const int64_t count = (p.in_w - phase + p.stride_w - 1) / p.stride_w;  // columns of the phase
+      for (int64_t q0 = 0; q0 < count; q0 += kP) {
+        const int64_t iw0 = phase + q0 * p.stride_w;
+        // Interior: every column of the run in the row, and every tap's
+        // grad_output columns inside grad_output.
+        bool edge = q0 + kP > count;
+        for (int k = 0; k < ncols && !edge; ++k) {
+          const int64_t u = iw0 + p.pad_w - cols[size_t(k)] * p.dilation_w;
+          edge = u < 0 || u / p.stride_w + kP > p.out_w;
+        }
+        for (int64_t v = 0; v * T::kVL < C; ++v) {
+          const int64_t c0 = std::min<int64_t>(v * T::kVL, C - T::kVL);
+          if (edge) {
+            dw_dgrad_nhwc_run<T, true>(a, n, ih, iw0, c0, rows.data(), nrows, cols.data(), ncols);
+          } else {
+            dw_dgrad_nhwc_run<T, false>(a, n, ih, iw0, c0, rows.data(), nrows, cols.data(), ncols);
+          }
+        }
+      }
+    }
+  }
+}
+CONV2D_EXT_ISA_VARIANTS(dw_dgrad_nhwc, DwDgradNhwcProblem, dw_dgrad_nhwc_range)
 
 // ---- narrow forward (few output channels per group, unit column stride):
 // a task is one output row of one image and group; per block of up to
@@ -1554,8 +1673,21 @@ void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, c
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 
+void dgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const float* w,
+                          float* grad_in) {
+  // The weight [C][1][R][S] as [R*S][C].
+  const int64_t taps = p.taps(), C = p.in_channels;
+  std::vector<float> wt(size_t(taps * C));
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t t = 0; t < taps; ++t) wt[size_t(t * C + c)] = w[c * taps + t];
+  const Isa i = isa();
+  const DwDgradNhwcProblem a{p, grad_out, wt.data(), grad_in};
+  auto* run = pick(i, &dw_dgrad_nhwc_avx512, &dw_dgrad_nhwc_avx2, &dw_dgrad_nhwc_baseline);
+  at::parallel_for(0, p.batch * p.in_h, 1, [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
 bool depthwise_wgrad_nhwc_fits(const ConvParams& p) {
-  return depthwise_nhwc_fits(p) && p.stride_w == 1 && p.dilation_w == 1 &&
+  return depthwise_nhwc_fits(p) && (p.stride_w == 1 || p.stride_w == 2) && p.dilation_w == 1 &&
          (p.kernel_w == 3 || p.kernel_w == 5 || p.kernel_w == 7);
 }
 

@@ -62,9 +62,16 @@ bool depthwise_nhwc_fits(const ConvParams& p);
 void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
                           float* y);
 
+// Depthwise dgrad over channels_last grad_output and grad_input at any
+// stride and dilation (p: the layer's; w [C][1][R][S], one output channel
+// per input channel, depthwise_nhwc_fits(p)): each grad_input pixel sums
+// the taps that reach it, by column phase, written in place.
+void dgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const float* w,
+                          float* grad_in);
+
 // Depthwise wgrad over channels_last grad_output and x, one output channel
-// per input channel, at unit column stride and dilation with 3, 5 or 7
-// columns of taps: channels in vector registers, each input pixel's vector
+// per input channel, at column stride 1 or 2 and unit column dilation with
+// 3, 5 or 7 columns of taps: channels in vector registers, each input pixel's vector
 // loaded once per kernel row for all the taps of the row that read it.
 // grad_w [C][1][R][S] (its channels_last layout is the same).
 bool depthwise_wgrad_nhwc_fits(const ConvParams& p);

@@ -152,12 +152,11 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                              grad_in.data_ptr<float>(), /*nhwc=*/true);
             return;
           }
-          if (algo == Algo::kCpuDepthwise) {  // one depthwise forward, or one a phase
+          if (algo == Algo::kCpuDepthwise) {  // strided: every grad_input pixel's taps
             if (!dgrad_is_fprop(p)) {
-              dgrad_phases_on(
-                  [](const ConvParams& f, const float* x, const float* sub, const float* b,
-                     float* y) { fprop_depthwise_nhwc(f, x, sub, b, y); },
-                  at::MemoryFormat::ChannelsLast, p, go, w, grad_in);
+              const at::Tensor wc = w.contiguous();
+              dgrad_depthwise_nhwc(p, go.data_ptr<float>(), wc.data_ptr<float>(),
+                                   grad_in.data_ptr<float>());
               return;
             }
             const at::Tensor wt = dgrad_weight(p, w).contiguous();
