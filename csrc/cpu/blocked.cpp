@@ -612,14 +612,14 @@ struct Vectors {
   typedef float unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
 };
 
-// At unit column stride and dilation with kS columns of taps: a run of
-// kP pixels of a row x one vector of channels. Each input pixel's vector
+// At column stride kSW (1 or 2) and unit dilation with kS columns of taps:
+// a run of kP pixels of a row x one vector of channels. Each input pixel's vector
 // is loaded once per kernel row and serves every tap of that row that
 // reads it (kS of the run's pixels), so a load feeds up to kS multiply-adds
 // rather than one; the row's kS weight vectors are loaded once per row.
 // kEdge: the run reaches past the row's ends (or is cut short), so each
 // load checks its column and zeros outside the input.
-template <typename T, int kS, bool kEdge>
+template <typename T, int kS, int kSW, bool kEdge>
 __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, int64_t n,
                                                        int64_t oh, int64_t ow0, int64_t c0) {
   typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
@@ -630,7 +630,7 @@ __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, i
   vec acc[kP];
   const vec b = a.bias ? *reinterpret_cast<const vec_unaligned*>(a.bias + c0) : vec{};
   for (int j = 0; j < kP; ++j) acc[j] = b;
-  const int64_t iw0 = ow0 - p.pad_w;
+  const int64_t iw0 = ow0 * kSW - p.pad_w;
   for (int64_t r = 0; r < p.kernel_h; ++r) {
     const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
     if (ih < 0 || ih >= p.in_h) continue;
@@ -642,17 +642,18 @@ __attribute__((always_inline)) inline void dw_nhwc_run(const DwNhwcProblem& a, i
     for (int s = 0; s < kS; ++s)
       wv[s] = *reinterpret_cast<const vec_unaligned*>(a.wt + (r * kS + s) * C + c0);
 #pragma GCC unroll 32
-    for (int i = 0; i < kP + kS - 1; ++i) {
+    for (int i = 0; i < (kP - 1) * kSW + kS; ++i) {
       const int64_t iw = iw0 + i;
       // Outside the input: a load of zeros (a select of the address, no
       // branch).
       const float* at = !kEdge || (iw >= 0 && iw < p.in_w) ? xp : kZeros;
       const vec xv = *reinterpret_cast<const vec_unaligned*>(at);
       xp += C;
-      // Input column i is tap s of the run's pixel i - s.
+      // Input column i is tap s of the run's pixel (i - s) / kSW.
 #pragma GCC unroll 8
       for (int s = 0; s < kS; ++s)
-        if (i - s >= 0 && i - s < kP) acc[i - s] += xv * wv[s];
+        if (i - s >= 0 && (i - s) % kSW == 0 && (i - s) / kSW < kP)
+          acc[(i - s) / kSW] += xv * wv[s];
     }
   }
   const int64_t npix = kEdge ? std::min<int64_t>(kP, p.out_w - ow0) : kP;
@@ -760,7 +761,7 @@ __attribute__((always_inline)) inline void dw_nhwc_pair_runs(const DwNhwcProblem
 
 // A row's runs of kP pixels, every vector of channels of each before the
 // next (the run's inputs stay in L1 across its channel vectors).
-template <typename T, int kS>
+template <typename T, int kS, int kSW>
 __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem& a, int64_t n,
                                                             int64_t oh) {
   constexpr int kP = T::kOW;
@@ -771,10 +772,11 @@ __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem&
   const int64_t ih_next = (oh + 1) * p.stride_h - p.pad_h + (p.kernel_h - 1) * p.dilation_h;
   const bool fetch = oh + 1 < p.out_h && ih_next >= 0 && ih_next < p.in_h;
   for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kP) {
-    const int64_t iw0 = ow0 - p.pad_w;
-    const bool edge = iw0 < 0 || iw0 + kP + kS - 1 > p.in_w || ow0 + kP > p.out_w;
+    const int64_t iw0 = ow0 * kSW - p.pad_w;
+    const bool edge = iw0 < 0 || iw0 + (kP - 1) * kSW + kS > p.in_w || ow0 + kP > p.out_w;
     if (fetch) {  // a 64-byte line at a time
-      const int64_t lo = std::max<int64_t>(iw0, 0), hi = std::min<int64_t>(iw0 + kP, p.in_w);
+      const int64_t lo = std::max<int64_t>(iw0, 0);
+      const int64_t hi = std::min<int64_t>(iw0 + kP * kSW, p.in_w);
       const float* row = a.x + ((n * p.in_h + ih_next) * p.in_w) * C;
       for (const float* at = row + lo * C; at < row + hi * C; at += 16)
         __builtin_prefetch(at, 0, 3);
@@ -784,25 +786,34 @@ __attribute__((always_inline)) inline void dw_nhwc_row_runs(const DwNhwcProblem&
     for (int64_t v = 0; v * T::kVL < C; ++v) {
       const int64_t c0 = std::min<int64_t>(v * T::kVL, C - T::kVL);
       if (edge) {
-        dw_nhwc_run<T, kS, true>(a, n, oh, ow0, c0);
+        dw_nhwc_run<T, kS, kSW, true>(a, n, oh, ow0, c0);
       } else {
-        dw_nhwc_run<T, kS, false>(a, n, oh, ow0, c0);
+        dw_nhwc_run<T, kS, kSW, false>(a, n, oh, ow0, c0);
       }
     }
   }
 }
 
-// Output row oh by runs (unit column stride and dilation, 3, 5 or 7
-// columns of taps).
+// Output row oh by runs (column stride kSW, unit column dilation, 3, 5 or
+// 7 columns of taps).
+template <typename T, int kSW>
+__attribute__((always_inline)) inline void dw_nhwc_row_at(const DwNhwcProblem& a, int64_t n,
+                                                          int64_t oh) {
+  if (a.p.kernel_w == 3) {
+    dw_nhwc_row_runs<T, 3, kSW>(a, n, oh);
+  } else if (a.p.kernel_w == 5) {
+    dw_nhwc_row_runs<T, 5, kSW>(a, n, oh);
+  } else {
+    dw_nhwc_row_runs<T, 7, kSW>(a, n, oh);
+  }
+}
 template <typename T>
 __attribute__((always_inline)) inline void dw_nhwc_row(const DwNhwcProblem& a, int64_t n,
                                                        int64_t oh) {
-  if (a.p.kernel_w == 3) {
-    dw_nhwc_row_runs<T, 3>(a, n, oh);
-  } else if (a.p.kernel_w == 5) {
-    dw_nhwc_row_runs<T, 5>(a, n, oh);
+  if (a.p.stride_w == 1) {
+    dw_nhwc_row_at<T, 1>(a, n, oh);
   } else {
-    dw_nhwc_row_runs<T, 7>(a, n, oh);
+    dw_nhwc_row_at<T, 2>(a, n, oh);
   }
 }
 
@@ -814,7 +825,7 @@ __attribute__((always_inline)) inline void dw_nhwc_range(const DwNhwcProblem& a,
                                                          int64_t end) {
   const ConvParams& p = a.p;
   const int64_t C = p.out_channels, full = C - C % T::kVL;
-  const bool runs = p.stride_w == 1 && p.dilation_w == 1;
+  const bool runs = (p.stride_w == 1 || p.stride_w == 2) && p.dilation_w == 1;
   if (a.pairs) {  // task t: rows 2 (t % pairs) and the next, of image t / pairs
     const int64_t pairs = (p.out_h + 1) / 2;
     for (int64_t t = begin; t < end; ++t) {
@@ -1526,9 +1537,10 @@ void fprop_blocked_nhwc(const ConvParams& layer, const float* x, const float* w,
   const Padded xpad = pad_input_nhwc(p, x, 0);
   const std::vector<float> packed = pack_weights(p, w, channel_block(i, p), order);
   const Problem a{p, xpad.data.data(), packed.data(), bias, y, xpad.hp, xpad.wp};
-  auto* run = one_vector(i, p) ? pick(i, &tasks_nhwc_one_avx512, &tasks_nhwc_one_avx2,
-                                      &tasks_nhwc_one_baseline)
-                               : pick(i, &tasks_nhwc_avx512, &tasks_nhwc_avx2, &tasks_nhwc_baseline);
+  auto* run =
+      one_vector(i, p)
+          ? pick(i, &tasks_nhwc_one_avx512, &tasks_nhwc_one_avx2, &tasks_nhwc_one_baseline)
+          : pick(i, &tasks_nhwc_avx512, &tasks_nhwc_avx2, &tasks_nhwc_baseline);
   at::parallel_for(0, p.batch * p.out_h, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
