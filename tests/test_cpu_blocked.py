@@ -509,7 +509,8 @@ def test_narrow_kernels_against_float64(isa_name, case):
 # the packed-group kernels (forward; dgrad as forwards, by phases where
 # strided; wgrad with 1, 3, 5 or 7 columns of taps, in as many passes as
 # the registers need), several groups a vector, where a group is at most
-# half a vector and the layer at least one. (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
+# half a vector and the layer at least one.
+# (N, C, H, W, K, (R, S), stride, padding, dilation, groups, bias)
 GROUPED = {
     "q8_3x3": (2, 32, 10, 15, 32, (3, 3), 1, 1, 1, 4, True),
     # 20 channels: the last block of channels overlaps the one before it.
