@@ -206,17 +206,19 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
       f.stride_h = f.stride_w = 1;
     }
     // channels_last grouped layers of a few channels a group: several
-    // groups a vector (wgrad where a kernel row's sums fit the registers).
+    // groups a vector (wgrad with the kernel widths it is compiled for).
     if (channels_last && (pass == Pass::kWgrad ? cpu::grouped_wgrad_nhwc_fits(p)
                                                : cpu::grouped_nhwc_fits(f))) {
       plan.algo = Algo::kCpuGrouped;
       return plan;
     }
-    // (Strided depthwise dgrad over NCHW operands: the direct loop beats its
-    // phases; over channels_last ones, the phases' channels in vectors do.)
+    // Strided depthwise dgrad: kernels of its own, over channels_last
+    // operands at any stride, over NCHW ones at column stride 2; else the
+    // direct loop (which beat the phases' forwards).
     const bool depthwise =
-        cpu::depthwise_fits(f) && (pass != Pass::kDgrad || dgrad_is_fprop(p) ||
-                                   (channels_last && cpu::depthwise_nhwc_fits(f)));
+        cpu::depthwise_fits(f) &&
+        (pass != Pass::kDgrad || dgrad_is_fprop(p) ||
+         (channels_last ? cpu::depthwise_nhwc_fits(f) : cpu::depthwise_dgrad_s2_fits(p)));
     // (Depthwise dgrad would fill a quarter of the narrow kernel's
     // channels.)
     const bool depthwise_layer = p.in_channels_per_group() == 1 && p.groups > 1;
@@ -399,8 +401,7 @@ bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
       return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(p)) ||
              (algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(p));
     case Pass::kDgrad:
-      // Depthwise: one forward, or one a stride phase (the plan's depthwise
-      // dgrad over channels_last operands).
+      // Depthwise: one forward, or where strided dgrad_depthwise_nhwc.
       return (algo == Algo::kCpuDepthwise && cpu::depthwise_nhwc_fits(dgrad_as_fprop(p))) ||
              (algo == Algo::kCpuBlocked && cpu::blocked_nhwc_fits(dgrad_as_fprop(p)));
     case Pass::kWgrad:
@@ -456,12 +457,10 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
     case Algo::kCpuFewPixels:
     case Algo::kCpuGrouped:
       out << " isa=" << cpu::blocked_isa();
-      // (The few-pixel dgrad, and the depthwise one over channels_last
-      // operands, take any stride themselves; the others run a forward a
-      // stride phase.)
-      if (plan.algo != Algo::kCpuFewPixels &&
-          !(plan.algo == Algo::kCpuDepthwise && channels_last) && which == Pass::kDgrad &&
-          !dgrad_is_fprop(p))
+      // (The few-pixel and depthwise dgrads take their strides
+      // themselves; the others run a forward a stride phase.)
+      if (plan.algo != Algo::kCpuFewPixels && plan.algo != Algo::kCpuDepthwise &&
+          which == Pass::kDgrad && !dgrad_is_fprop(p))
         out << " phases=" << dgrad_phases(p).size();
       if (channels_last && cpu_nhwc(p, which, dtype)) out << " layout=nhwc";
       break;

@@ -49,9 +49,9 @@ enum class Algo {
   // The CPU's float32 kernels for few output pixels over the batch
   // (cpu/few_pixels.cpp), all three passes.
   kCpuFewPixels,
-  // The CPU's float32 forward for channels_last grouped layers of 2, 4 or 8
-  // channels a group, several groups a vector (cpu/grouped.cpp), also
-  // dgrad as forwards.
+  // The CPU's float32 kernels for channels_last grouped layers of 2, 4 or 8
+  // channels a group, several groups a vector (cpu/grouped.cpp): the
+  // forward, wgrad, and dgrad as forwards.
   kCpuGrouped,
 };
 
@@ -89,9 +89,9 @@ bool few_channels_wgrad_sm90(int sm);
 bool nhwc_wgmma(int sm);
 
 // On the CPU: whether a channels_last result of `pass` runs on the
-// channels_last operands themselves (the blocked kernels' three passes of
-// one group, depthwise layers', the few-pixel kernels') rather than on
-// NCHW copies.
+// channels_last operands themselves (the blocked, packed-group and
+// few-pixel kernels' three passes, depthwise layers') rather than on NCHW
+// copies.
 bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype);
 
 // Whether that forward may split K where its 128-row tiles are few:

@@ -28,9 +28,12 @@ CASES = {
     # Each group's output channels whole channel blocks (AVX-512's 32,
     # AVX2's 16): channels_last wgrad reads grad_output as it is.
     "grouped_whole_blocks": (2, 40, 9, 13, 64, (3, 3), 1, 1, 1, 2, True),
-    # 8 output channels a group: blocks of one vector of channels (AVX-512's
-    # half empty, AVX2's whole).
+    # 8 output channels a group: blocks of one vector of channels (NCHW with
+    # AVX-512, half empty; AVX2, whole; channels_last with AVX-512 runs
+    # cpu_grouped); 12 a group: channels_last wgrad's per-group widening
+    # into one-vector blocks.
     "grouped_8_a_group": (2, 32, 10, 15, 32, (3, 3), 1, 1, 1, 4, True),
+    "grouped_12_a_group": (2, 24, 9, 11, 24, (3, 3), 1, 1, 1, 2, True),
     "pad_past_reach": (1, 4, 6, 5, 16, (2, 2), 1, 3, 1, 1, False),
     # One output pixel a row, over more images than the few-pixel kernels take.
     "one_pixel_out": (70, 9, 5, 5, 20, (5, 5), 1, 0, 1, 1, True),
@@ -131,14 +134,16 @@ def test_same_bits_for_one_and_all_threads(case, pass_, layout):
 
 
 def test_strided_depthwise_dgrad_and_float64_keep_the_direct_loop():
-    """Depthwise layers at column stride 2 run their own kernels but for a
-    strided dgrad over NCHW operands (the direct loop, faster than its
-    phases); float64 keeps the accurate loop."""
+    """Depthwise layers at column stride 2 run their own kernels (dgrad over
+    NCHW operands too); a dgrad strided in rows alone over NCHW operands
+    keeps the direct loop (faster than its phases); float64 keeps the
+    accurate loop."""
     x = torch.randn(2, 32, 12, 12)
     w = torch.randn(32, 1, 3, 3)
     assert ops._algorithm("forward", x, w, [1, 2], [1, 1], [1, 1], 32) == "cpu_depthwise"
     assert ops._algorithm("backward_weight", x, w, [1, 2], [1, 1], [1, 1], 32) == "cpu_depthwise"
-    assert ops._algorithm("backward_input", x, w, [1, 2], [1, 1], [1, 1], 32) == "direct"
+    assert ops._algorithm("backward_input", x, w, [1, 2], [1, 1], [1, 1], 32) == "cpu_depthwise"
+    assert ops._algorithm("backward_input", x, w, [2, 1], [1, 1], [1, 1], 32) == "direct"
     w2 = torch.randn(8, 32, 3, 3)
     assert ops._algorithm("forward", x.double(), w2.double(), [1, 1], [1, 1], [1, 1], 1) == "direct"
 
@@ -260,6 +265,13 @@ DEPTHWISE = {
     "3x3_stride_2_past_l2": (1, 32, 91, 94, 1, (3, 3), 2, 1, 1, True),
     "7x7_stride_2_odd": (2, 20, 23, 25, 1, (7, 7), 2, 3, 1, False),
     "5x5_stride_2_1_dilated_rows": (1, 17, 19, 22, 1, (5, 5), (2, 2), (4, 2), (2, 1), True),
+    # Column stride 3 with dilated columns; a 1x1 at stride 2 (grad_input
+    # pixels no tap reaches); padding past the kernel's reach at unit stride.
+    "3x3_stride_3_dilated_m1": (1, 16, 19, 40, 1, (3, 3), (1, 3), 2, (1, 2), False),
+    "1x1_stride_2": (2, 16, 24, 26, 1, (1, 1), 2, 0, 1, False),
+    "3x3_pad_3": (1, 16, 9, 10, 1, (3, 3), 1, 3, 1, True),
+    # Column stride 2 with dilated columns (NCHW: the column-stride-2 dgrad).
+    "3x3_stride_2_dilated_columns": (1, 8, 14, 23, 1, (3, 3), (1, 2), (1, 2), (1, 2), True),
 }
 
 
@@ -410,19 +422,24 @@ def _depthwise_nhwc_wgrad(report, channels, ks, stride, dilation, mult):
 @pytest.mark.parametrize("case", sorted(DEPTHWISE))
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_depthwise_backward_against_float64(isa_name, case, layout):
-    """wgrad on the depthwise wgrad kernel (unit column stride); dgrad at
-    unit stride with one output channel per group as the depthwise forward
-    on the flipped weight, else over NCHW operands the direct loop (strided
-    depthwise dgrad by phases ran slower than it). channels_last: dgrad on
-    the channels_last depthwise forward (one a stride phase where strided),
-    wgrad on its own kernel where _depthwise_nhwc_wgrad holds; else on NCHW
+    """wgrad on the narrow kernel; dgrad with one output channel per group
+    as the depthwise forward on the flipped weight where it is one forward,
+    at column stride 2 on its own kernel, else over NCHW operands the
+    direct loop (strided depthwise dgrad by phases ran slower than it).
+    channels_last: dgrad as the channels_last depthwise forward, or
+    dgrad_depthwise_nhwc where strided; wgrad on its own kernel where
+    _depthwise_nhwc_wgrad holds (column stride 1 or 2); else on NCHW
     copies."""
     n, c, h, w_, mult, ks, stride, padding, dilation, bias = DEPTHWISE[case]
     g = torch.Generator().manual_seed(3)
     x = torch.randn(n, c, h, w_, generator=g)
     w = torch.randn(c * mult, 1, *ks, generator=g)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
-    unit = stride == 1
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    # dgrad is one forward (conv_params.cpp's dgrad_is_fprop): unit stride,
+    # padding within the kernel's reach.
+    as_fprop = all(st == 1 and pd <= dl * (k - 1)
+                   for st, pd, dl, k in zip(pair(stride), pair(padding), pair(dilation), ks))
     if layout == "channels_last":
         x = x.to(memory_format=torch.channels_last)
     cl = layout == "channels_last"
@@ -432,8 +449,13 @@ def test_depthwise_backward_against_float64(isa_name, case, layout):
         assert ("layout=nhwc" in report) == (
             cl and _depthwise_nhwc_wgrad(report, c, ks, stride, dilation, mult)), report
         nhwc_dgrad = cl and _depthwise_nhwc(report, c, mult)
+        # The depthwise forward as dgrad (on NCHW copies where channels_last
+        # can't run), or over NCHW operands the column-stride-2 kernel; else
+        # the direct loop.
+        depthwise_dgrad = nhwc_dgrad or (
+            mult == 1 and (as_fprop or (not cl and pair(stride)[1] == 2)))
         assert ops._algorithm("backward_input", *_args(x, w, kw)) == (
-            "cpu_depthwise" if (unit and mult == 1) or nhwc_dgrad else "direct")
+            "cpu_depthwise" if depthwise_dgrad else "direct")
         report = ops._kernel("backward_input", *_args(x, w, kw), 0)
         assert ("layout=nhwc" in report) == nhwc_dgrad, report
         y, gx, gw, gy = _all_passes(x, w, None, kw)
@@ -524,6 +546,11 @@ GROUPED = {
     "q8_1x1": (2, 32, 9, 10, 32, (1, 1), 1, 0, 1, 4, False),
     "q4_1x1": (1, 16, 10, 11, 16, (1, 1), 1, 0, 1, 4, True),
     "q2_1x7_column_stride_2": (1, 16, 8, 30, 16, (1, 7), (1, 2), (0, 3), 1, 8, True),
+    # Dilated columns; a 1x1 at stride 2 (dgrad phases no tap reaches); wgrad
+    # over several chunks of rows, the last partial.
+    "q4_3x3_column_dilated": (1, 16, 9, 17, 16, (3, 3), 1, (1, 2), (1, 2), 4, True),
+    "q4_1x1_stride_2": (2, 16, 12, 13, 16, (1, 1), 2, 0, 1, 4, True),
+    "q4_several_chunks": (2, 32, 40, 40, 32, (3, 3), 1, 1, 1, 8, False),
 }
 def _grouped_fits(x, w, kw, isa_here, pass_="forward"):
     q, vl, s = w.shape[1], VECTOR_FLOATS[isa_here], w.shape[3]
@@ -561,8 +588,9 @@ def test_grouped_against_float64(isa_name, case, layout):
     _assert_passes_against_float64(x, w, b, kw, y, gx, gw, gy)
 
 
-def test_grouped_same_bits_for_one_and_all_threads():
-    x, w, b, kw = _from(GROUPED, "q4_stride_2", 8)
+@pytest.mark.parametrize("case", ["q4_stride_2", "q4_several_chunks"])
+def test_grouped_same_bits_for_one_and_all_threads(case):
+    x, w, b, kw = _from(GROUPED, case, 8)
     x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
     assert ops._algorithm("forward", *_args(x, w, kw)) == "cpu_grouped"
     gy = torch.randn(conv2d_ext.conv2d(x, w, b, **kw).shape).to(memory_format=torch.channels_last)
@@ -571,7 +599,7 @@ def test_grouped_same_bits_for_one_and_all_threads():
     try:
         for threads in (1, max(2, before)):
             torch.set_num_threads(threads)
-            results.append(_all_passes(x, w, b, kw, gy)[:2])
+            results.append(_all_passes(x, w, b, kw, gy)[:3])
     finally:
         torch.set_num_threads(before)
     for one, many in zip(*results):

@@ -129,9 +129,13 @@ def test_tensor_core_layers_report_their_layout(tf32):
 def test_direct_reports_only_the_algorithm_and_the_cpu_its_instruction_set():
     assert kernel("forward", (2, 8, 16, 16), (8, 8, 3, 3), dtype=torch.float64) == "direct"
     assert kernel("forward", (2, 8, 16, 16), (8, 8, 3, 3), sm=0, dtype=torch.float64) == "direct"
-    # Strided depthwise dgrad stays on the direct loop; an RGB stem's (3
-    # output channels) runs the narrow forward by phases.
-    assert kernel("backward_input", (2, 8, 16, 16), (8, 1, 3, 3), 2, groups=8, sm=0) == "direct"
+    # NCHW depthwise dgrad strided in rows alone stays on the direct loop; at
+    # column stride 2 it runs a depthwise kernel of its own (no phases); an
+    # RGB stem's (3 output channels) runs the narrow forward by phases.
+    assert kernel("backward_input", (2, 8, 16, 16), (8, 1, 3, 3), (2, 1), groups=8,
+                  sm=0) == "direct"
+    algo, v = words(kernel("backward_input", (2, 8, 16, 16), (8, 1, 3, 3), 2, groups=8, sm=0))
+    assert algo == "cpu_depthwise" and "phases" not in v
     algo, v = words(kernel("backward_input", (2, 3, 16, 16), (8, 3, 3, 3), 2, sm=0))
     assert algo == "cpu_narrow" and v["phases"] == "4"
     algo, v = words(kernel("forward", (2, 8, 16, 16), (32, 8, 3, 3), sm=0))

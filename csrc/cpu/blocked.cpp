@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace conv2d_ext {
@@ -547,6 +548,109 @@ __attribute__((always_inline)) inline void dw_range(const DwProblem& a, int64_t 
   }
 }
 CONV2D_EXT_ISA_VARIANTS(dw, DwProblem, dw_range)
+
+// ---- depthwise dgrad at column stride 2 over NCHW operands (one output
+// channel per input channel): grad_input column iw = 2q + phase sums, over
+// the taps whose columns reach that phase, grad_output column q + off(tap)
+// of the rows reaching grad_input row ih; so each phase's columns are
+// vectors of consecutive grad_output columns times broadcast weights, and
+// the two phases' vectors interleave into grad_input's row. A task is one
+// plane; its grad_output plane is copied with zero margins first, so no
+// load checks its column.
+struct DwDgradS2Problem {
+  const ConvParams& p;  // the layer's (grad_input is p's input)
+  const float *go, *w;  // go [N][C][P][Q]; w [C][1][R][S]
+  float* gi;            // [N][C][H][W]
+  int64_t margin, qp;   // the padded grad_output row: margin columns left, qp floats
+};
+
+// Lanes kFrom, kFrom + 1, ... of a and b, alternately (a's first).
+template <int kVL, int kFrom, typename V, int... kL>
+__attribute__((always_inline)) inline V interleave(V a, V b, std::integer_sequence<int, kL...>) {
+  return __builtin_shufflevector(a, b, ((kL % 2) * kVL + kFrom + kL / 2)...);
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void dw_dgrad_s2_plane(const DwDgradS2Problem& a,
+                                                             int64_t plane,
+                                                             const float* gplane) {
+  typedef float vec __attribute__((vector_size(T::kVL * sizeof(float))));
+  typedef float unaligned __attribute__((vector_size(T::kVL * sizeof(float)), aligned(4)));
+  constexpr int kVL = T::kVL;
+  const ConvParams& p = a.p;
+  const int64_t c = plane % p.in_channels;
+  const float* wc = a.w + c * p.taps();
+  float* giplane = a.gi + plane * p.in_h * p.in_w;
+  // Phase f's taps of a kernel row: (offset in grad_output's padded row,
+  // weight), the same for every row.
+  struct Tap {
+    int64_t offset;
+    float w;
+  };
+  Tap taps[64][2][8];
+  int ntaps[2] = {0, 0};
+  for (int f = 0; f < 2; ++f)
+    for (int64_t s = 0; s < p.kernel_w; ++s) {
+      // v: twice the tap's grad_output column less q.
+      const int64_t v = f + p.pad_w - s * p.dilation_w;
+      if (v % 2 != 0) continue;
+      for (int64_t r = 0; r < p.kernel_h; ++r)
+        taps[r][f][ntaps[f]] = {v / 2, wc[r * p.kernel_w + s]};
+      ++ntaps[f];
+    }
+  for (int64_t ih = 0; ih < p.in_h; ++ih) {
+    float* girow = giplane + ih * p.in_w;
+    // The kernel rows reaching grad_input row ih, and their grad_output rows.
+    int64_t rows[64];
+    const float* grows[64];
+    int nrows = 0;
+    for (int64_t r = 0; r < p.kernel_h; ++r) {
+      const int64_t u = ih + p.pad_h - r * p.dilation_h;
+      if (u < 0 || u % p.stride_h != 0 || u / p.stride_h >= p.out_h) continue;
+      rows[nrows] = r;
+      grows[nrows++] = gplane + (u / p.stride_h) * a.qp + a.margin;
+    }
+    for (int64_t q0 = 0; 2 * q0 < p.in_w; q0 += kVL) {
+      vec acc[2] = {vec{}, vec{}};
+      for (int i = 0; i < nrows; ++i)
+        for (int f = 0; f < 2; ++f)
+          for (int k = 0; k < ntaps[f]; ++k) {
+            const Tap& t = taps[rows[i]][f][k];
+            acc[f] += t.w * *reinterpret_cast<const unaligned*>(grows[i] + t.offset + q0);
+          }
+      // Columns 2q and 2q + 1: the phases' lanes interleaved.
+      const auto lanes = std::make_integer_sequence<int, kVL>{};
+      const vec lo = interleave<kVL, 0>(acc[0], acc[1], lanes);
+      const vec hi = interleave<kVL, kVL / 2>(acc[0], acc[1], lanes);
+      const int64_t at = 2 * q0, count = std::min<int64_t>(2 * kVL, p.in_w - at);
+      if (count == 2 * kVL) {
+        *reinterpret_cast<unaligned*>(girow + at) = lo;
+        *reinterpret_cast<unaligned*>(girow + at + kVL) = hi;
+      } else {
+        float out[2 * kVL];
+        std::memcpy(out, &lo, sizeof(lo));
+        std::memcpy(out + kVL, &hi, sizeof(hi));
+        std::memcpy(girow + at, out, size_t(count) * sizeof(float));
+      }
+    }
+  }
+}
+
+// Tasks [begin, end): plane t (image t / C, channel t % C).
+template <typename T>
+__attribute__((always_inline)) inline void dw_dgrad_s2_range(const DwDgradS2Problem& a,
+                                                             int64_t begin, int64_t end) {
+  const ConvParams& p = a.p;
+  std::vector<float> gplane(size_t(p.out_h * a.qp), 0.f);
+  for (int64_t t = begin; t < end; ++t) {
+    const float* src = a.go + t * p.out_h * p.out_w;
+    for (int64_t oh = 0; oh < p.out_h; ++oh)
+      std::memcpy(gplane.data() + oh * a.qp + a.margin, src + oh * p.out_w,
+                  size_t(p.out_w) * sizeof(float));
+    dw_dgrad_s2_plane<T>(a, t, gplane.data());
+  }
+}
+CONV2D_EXT_ISA_VARIANTS(dw_dgrad_s2, DwDgradS2Problem, dw_dgrad_s2_range)
 
 // ---- depthwise forward over channels_last operands (one output channel
 // per input channel): a task is one output row; per block of kDwPixels
@@ -1649,6 +1753,28 @@ void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const 
   const DwProblem a{p, x, w, bias, y, e.hp, e.wp, (e.wp + p.stride_w - 1) / p.stride_w};
   auto* run = pick(i, &dw_avx512, &dw_avx2, &dw_baseline);
   at::parallel_for(0, p.batch * p.out_channels, 1,
+                   [&](int64_t begin, int64_t end) { run(a, begin, end); });
+}
+
+bool depthwise_dgrad_s2_fits(const ConvParams& p) {
+  return depthwise_fits(p) && p.out_channels == p.in_channels && p.stride_w == 2 &&
+         p.kernel_h <= 64 && p.kernel_w <= 16;
+}
+
+void dgrad_depthwise_s2(const ConvParams& p, const float* grad_out, const float* w,
+                        float* grad_in) {
+  const Isa i = isa();
+  const int64_t vl = pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
+  // Phase f's q-th column reads grad_output column q + (f + pad_w - s *
+  // dilation_w) / 2 for q below half the row plus a vector: margins that
+  // hold the farthest offsets either side.
+  const int64_t reach = (p.kernel_w - 1) * p.dilation_w;
+  const int64_t margin = (reach + 1) / 2 + 1;
+  const int64_t right = (p.in_w + 1) / 2 + vl + (p.pad_w + 2) / 2 + 1;
+  const int64_t qp = margin + std::max(p.out_w, right);
+  const DwDgradS2Problem a{p, grad_out, w, grad_in, margin, qp};
+  auto* run = pick(i, &dw_dgrad_s2_avx512, &dw_dgrad_s2_avx2, &dw_dgrad_s2_baseline);
+  at::parallel_for(0, p.batch * p.in_channels, 1,
                    [&](int64_t begin, int64_t end) { run(a, begin, end); });
 }
 

@@ -55,6 +55,14 @@ bool depthwise_fits(const ConvParams& p);
 void fprop_depthwise(const ConvParams& p, const float* x, const float* w, const float* bias,
                      float* y);
 
+// Depthwise dgrad at column stride 2 over NCHW grad_output and grad_input
+// (p: the layer's; w [C][1][R][S], one output channel per input channel):
+// each grad_input row's two column phases as vectors of consecutive
+// grad_output columns, interleaved.
+bool depthwise_dgrad_s2_fits(const ConvParams& p);
+void dgrad_depthwise_s2(const ConvParams& p, const float* grad_out, const float* w,
+                        float* grad_in);
+
 // The depthwise forward over channels_last x and y (NHWC) and the weight
 // (whose channels_last layout is its contiguous one), one output channel
 // per input channel: channels in vector registers, no copy of the input.

@@ -1,10 +1,13 @@
-// Backward-data pass on the CPU. Where the plan takes the blocked or the
-// depthwise kernel, dgrad runs as forwards on the weight transposed per group and flipped:
-// one at unit stride (dgrad_is_fprop), else one per stride phase of
-// grad_input (dgrad_phases), each over its sub-kernel, so no multiply-add
-// touches the zeros a stride inserts. Otherwise each task owns one
-// (image, input channel) plane of grad_input and scatters every
-// grad_output tap that reaches it, so tasks never write the same memory.
+// Backward-data pass on the CPU. Where the plan takes the blocked, narrow,
+// packed-group or depthwise kernel, dgrad runs as forwards on the weight
+// transposed per group and flipped: one at unit stride (dgrad_is_fprop),
+// else one per stride phase of grad_input (dgrad_phases), each over its
+// sub-kernel, so no multiply-add touches the zeros a stride inserts; a
+// strided depthwise dgrad has kernels of its own instead (each grad_input
+// pixel summing the taps that reach it), and the few-pixel kernel takes
+// any stride itself. Otherwise each task owns one (image, input channel)
+// plane of grad_input and scatters every grad_output tap that reaches it,
+// so tasks never write the same memory.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -120,9 +123,9 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                      c10::IntArrayRef padding,
                                      c10::IntArrayRef dilation,
                                      int64_t groups) {
-  // A channels_last grad_input of the blocked kernel or of a
-  // depthwise layer at unit stride (cpu_nhwc) is computed on the
-  // channels_last operands, in place of NCHW copies.
+  // A channels_last grad_input of the blocked, packed-group, few-pixel or
+  // depthwise kernels (cpu_nhwc) is computed on the channels_last operands,
+  // in place of NCHW copies.
   const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
     return cpu_nhwc(p, Pass::kDgrad, dtype);
   };
@@ -191,6 +194,11 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
                                   : algo == Algo::kCpuDepthwise ? &fprop_depthwise
                                                                 : &fprop_narrow;
           if (!dgrad_is_fprop(p)) {
+            if (algo == Algo::kCpuDepthwise) {  // column stride 2 (the plan's)
+              dgrad_depthwise_s2(p, go.data_ptr<float>(), w.data_ptr<float>(),
+                                 grad_in.data_ptr<float>());
+              return;
+            }
             dgrad_phases_on(forward, at::MemoryFormat::Contiguous, p, go, w, grad_in);
             return;
           }

@@ -68,10 +68,9 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
                       const c10::optional<at::Tensor>& bias,
                       c10::IntArrayRef stride, c10::IntArrayRef padding,
                       c10::IntArrayRef dilation, int64_t groups) {
-  // A channels_last result of the blocked kernel, of a
-  // depthwise layer (one output channel per input channel) or of the
-  // few-pixel kernel is computed on the channels_last operands, in place of
-  // NCHW copies.
+  // A channels_last result of the blocked, packed-group or few-pixel
+  // kernel, or of a depthwise layer (one output channel per input channel),
+  // is computed on the channels_last operands, in place of NCHW copies.
   const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
     return cpu_nhwc(p, Pass::kFprop, dtype);
   };

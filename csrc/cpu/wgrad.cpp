@@ -71,9 +71,9 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
                                       c10::IntArrayRef padding,
                                       c10::IntArrayRef dilation,
                                       int64_t groups) {
-  // A channels_last grad_weight of the blocked kernel or of a
-  // depthwise layer (cpu_nhwc) is computed on the channels_last operands, in
-  // place of NCHW copies.
+  // A channels_last grad_weight of the blocked, packed-group or few-pixel
+  // kernel, or of a depthwise layer (cpu_nhwc), is computed on the
+  // channels_last operands, in place of NCHW copies.
   const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
     return cpu_nhwc(p, Pass::kWgrad, dtype);
   };
