@@ -88,6 +88,10 @@ std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb,
 // kOW pixels from ow0 of an output row x the kKB output channels of a
 // block (kvalid of them real), written to yrow (at the block's first
 // channel). `rows`, wblock, bias_v: as row_block holds them.
+// Entries of the reduction a run of sums takes before it is added to the
+// total (pixel_block, narrow_row).
+constexpr int64_t kRunEntries = 128;
+
 struct PixelBlock {
   const ConvParams& p;
   const float *rows, *wblock, *bias_v;  // bias_v: the block's kKB biases (zeros past kvalid)
@@ -110,32 +114,44 @@ __attribute__((always_inline)) inline void pixel_block(const PixelBlock& b, int6
   const int64_t channel_step = kNhwc ? 1 : p.kernel_h * wp;
   const int64_t tap_row_step = kNhwc ? wp * p.in_channels : wp;
   const int64_t pixel_step = kNhwc ? p.in_channels : 1;
-  vec acc[kOW][kNV];
-  for (int j = 0; j < kOW; ++j)
-    for (int v = 0; v < kNV; ++v)
-      acc[j][v] = *reinterpret_cast<const vec_unaligned*>(b.bias_v + v * kVL);
-  for (int64_t c = 0; c < cin; ++c) {
-    const float* wc = wblock + c * taps * kKB;
-    for (int64_t r = 0; r < p.kernel_h; ++r) {
-      const float* xr = rows + c * channel_step + r * tap_row_step + ow0 * sw * pixel_step;
-      for (int64_t s = 0; s < p.kernel_w; ++s) {
-        vec wv[kNV];
-        const float* wt = wc + (r * p.kernel_w + s) * kKB;
-        for (int v = 0; v < kNV; ++v) wv[v] = *reinterpret_cast<const vec_unaligned*>(wt + v * kVL);
-        const float* xs = xr + s * dw * pixel_step;
+  // The reduction in runs of about kRunEntries (channel, tap) entries, each
+  // summed from zero and then added to the total: one chain over a long
+  // reduction lost up to a few times PyTorch's accuracy.
+  const int64_t run = std::max<int64_t>(1, kRunEntries / taps);  // channels a run
+  float out[kOW][kKB];  // the total
+  for (int64_t c0 = 0; c0 < cin; c0 += run) {
+    vec acc[kOW][kNV];
+    for (int j = 0; j < kOW; ++j)
+      for (int v = 0; v < kNV; ++v)
+        acc[j][v] = c0 == 0 ? *reinterpret_cast<const vec_unaligned*>(b.bias_v + v * kVL) : vec{};
+    for (int64_t c = c0; c < std::min(cin, c0 + run); ++c) {
+      const float* wc = wblock + c * taps * kKB;
+      for (int64_t r = 0; r < p.kernel_h; ++r) {
+        const float* xr = rows + c * channel_step + r * tap_row_step + ow0 * sw * pixel_step;
+        for (int64_t s = 0; s < p.kernel_w; ++s) {
+          vec wv[kNV];
+          const float* wt = wc + (r * p.kernel_w + s) * kKB;
+          for (int v = 0; v < kNV; ++v)
+            wv[v] = *reinterpret_cast<const vec_unaligned*>(wt + v * kVL);
+          const float* xs = xr + s * dw * pixel_step;
 #pragma GCC unroll 16
-        for (int j = 0; j < kOW; ++j) {
-          const float xv = xs[j * sw * pixel_step];
+          for (int j = 0; j < kOW; ++j) {
+            const float xv = xs[j * sw * pixel_step];
 #pragma GCC unroll 4
-          for (int v = 0; v < kNV; ++v) acc[j][v] += xv * wv[v];
+            for (int v = 0; v < kNV; ++v) acc[j][v] += xv * wv[v];
+          }
         }
       }
     }
+    for (int j = 0; j < kOW; ++j)
+      for (int v = 0; v < kNV; ++v) {
+        vec total = acc[j][v];
+        if (c0 > 0) total += *reinterpret_cast<const vec_unaligned*>(&out[j][v * kVL]);
+        *reinterpret_cast<vec_unaligned*>(&out[j][v * kVL]) = total;
+      }
   }
-  // [pixel][channel] registers to NCHW rows, or to NHWC pixels as they are.
+  // [pixel][channel] sums to NCHW rows, or to NHWC pixels as they are.
   const int64_t count = std::min<int64_t>(kOW, p.out_w - ow0);
-  float out[kOW][kKB];
-  std::memcpy(out, acc, sizeof(out));
   if (kNhwc) {
     for (int64_t j = 0; j < count; ++j)
       std::memcpy(b.yrow + (ow0 + j) * p.out_channels, out[j], size_t(b.kvalid) * sizeof(float));
@@ -339,8 +355,26 @@ inline void wgrad_offsets(const WgradProblem& a, int64_t e0, int64_t count,
   }
 }
 
+// acc (kE x kN vectors of kVL) added to `sums` ([kE][kN * kVL]), and zeroed.
+template <typename V, int kE, int kN, int kVL>
+__attribute__((always_inline)) inline void add_to_sums(V (*acc)[kN], float* sums) {
+  for (int e = 0; e < kE; ++e)
+    for (int v = 0; v < kN; ++v) {
+      V total;
+      std::memcpy(&total, sums + (e * kN + v) * kVL, sizeof(total));
+      total += acc[e][v];
+      std::memcpy(sums + (e * kN + v) * kVL, &total, sizeof(total));
+      acc[e][v] = V{};
+    }
+}
+
+// Pixels a run of wgrad's sums takes before it is added to the tile's.
+constexpr int64_t kRunPixels = 128;
+
 // One tile's sums (in `sums`, [kEntries][kKB]) continued over output rows
-// [oh0, oh1) of image n.
+// [oh0, oh1) of image n: runs of kRunPixels pixels summed from zero, each
+// then added to the tile's, so that no sum runs long (one chain over a
+// layer's every pixel lost several times PyTorch's accuracy).
 template <typename T, bool kNhwc>
 __attribute__((always_inline)) inline void wgrad_rows(const WgradProblem& a, int64_t g,
                                                       int64_t kblock,
@@ -352,7 +386,9 @@ __attribute__((always_inline)) inline void wgrad_rows(const WgradProblem& a, int
   const ConvParams& p = a.p;
   const int64_t cin = p.in_channels_per_group();
   vec acc[kEntries][kNV];
-  std::memcpy(acc, sums, sizeof(acc));
+  for (int e = 0; e < kEntries; ++e)
+    for (int v = 0; v < kNV; ++v) acc[e][v] = vec{};
+  int64_t pixels = 0;  // in the current run
   const int64_t pixel_step = p.stride_w * (kNhwc ? p.in_channels : 1);
   for (int64_t oh = oh0; oh < oh1; ++oh) {
     const float* xrow =
@@ -371,9 +407,13 @@ __attribute__((always_inline)) inline void wgrad_rows(const WgradProblem& a, int
 #pragma GCC unroll 4
         for (int v = 0; v < kNV; ++v) acc[e][v] += xv * gv[v];
       }
+      if (++pixels == kRunPixels) {
+        add_to_sums<vec, kEntries, kNV, kVL>(acc, sums);
+        pixels = 0;
+      }
     }
   }
-  std::memcpy(sums, acc, sizeof(acc));
+  add_to_sums<vec, kEntries, kNV, kVL>(acc, sums);
 }
 
 // Tasks [begin, end) in (group, channel block, run of entry tiles) order.
@@ -1077,7 +1117,7 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwc
                                                                const ChunkSpan* next,
                                                                int64_t share, int64_t shares) {
   typedef typename Vectors<T>::vec vec;
-  typedef typename Vectors<T>::unaligned unaligned;
+
   constexpr int kP = T::kOW, kRows = wgrad_rows<T, kS>();
   const ConvParams& p = a.p;
   const int64_t C = p.out_channels;
@@ -1136,11 +1176,7 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwc
     for (int k = 0; k < kRows && r0 + k < p.kernel_h; ++k)
       for (int s = 0; s < kS; ++s) {
         float* out = a.partial + ((chunk * p.kernel_h + r0 + k) * kS + s) * C + c0;
-        if (lane0 == 0) {
-          *reinterpret_cast<unaligned*>(out) = acc[k][s];
-        } else {
-          for (int64_t l = lane0; l < T::kVL; ++l) out[l] = acc[k][s][l];
-        }
+        for (int64_t l = lane0; l < T::kVL; ++l) out[l] = acc[k][s][l];
       }
   }
 }
@@ -1317,37 +1353,46 @@ __attribute__((always_inline)) inline void narrow_row(const NarrowProblem& a, in
     for (int o = 0; o < kNarrowOut; ++o)
       wk[o] = a.w + (g * cout + std::min<int64_t>(k0 + o, cout - 1)) * cin * taps;
     const int64_t kn = std::min<int64_t>(kNarrowOut, cout - k0);
+    // The reduction in runs of about kRunEntries entries, each summed from
+    // zero and then added to the total (as pixel_block's).
+    const int64_t run = std::max<int64_t>(1, kRunEntries / taps);  // channels a run
     for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kBlock) {
-      vec acc[kNarrowOut][kNarrowVectors];
-      for (int o = 0; o < kNarrowOut; ++o) {
-        const float b = a.bias && o < kn ? a.bias[g * cout + k0 + o] : 0.f;
-        for (int u = 0; u < kNarrowVectors; ++u) acc[o][u] = vec{} + b;
-      }
-      for (int64_t c = 0; c < cin; ++c) {
-        const float* xc = ximg + (c * a.hp + oh * p.stride_h) * a.wp + ow0;
-        for (int64_t r = 0; r < p.kernel_h; ++r) {
-          const float* xr = xc + r * p.dilation_h * a.wp;
-          for (int64_t s = 0; s < p.kernel_w; ++s) {
-            const int64_t t = (c * p.kernel_h + r) * p.kernel_w + s;
-            vec xv[kNarrowVectors];
-            for (int u = 0; u < kNarrowVectors; ++u)
-              xv[u] = *reinterpret_cast<const vec_unaligned*>(xr + s * p.dilation_w + u * kVL);
+      float out[kNarrowOut][kBlock];  // the total
+      for (int64_t c0 = 0; c0 < cin; c0 += run) {
+        vec acc[kNarrowOut][kNarrowVectors];
+        for (int o = 0; o < kNarrowOut; ++o) {
+          const float b = c0 == 0 && a.bias && o < kn ? a.bias[g * cout + k0 + o] : 0.f;
+          for (int u = 0; u < kNarrowVectors; ++u) acc[o][u] = vec{} + b;
+        }
+        for (int64_t c = c0; c < std::min(cin, c0 + run); ++c) {
+          const float* xc = ximg + (c * a.hp + oh * p.stride_h) * a.wp + ow0;
+          for (int64_t r = 0; r < p.kernel_h; ++r) {
+            const float* xr = xc + r * p.dilation_h * a.wp;
+            for (int64_t s = 0; s < p.kernel_w; ++s) {
+              const int64_t t = (c * p.kernel_h + r) * p.kernel_w + s;
+              vec xv[kNarrowVectors];
+              for (int u = 0; u < kNarrowVectors; ++u)
+                xv[u] = *reinterpret_cast<const vec_unaligned*>(xr + s * p.dilation_w + u * kVL);
 #pragma GCC unroll 4
-            for (int o = 0; o < kNarrowOut; ++o) {
-              const float wv = wk[o][t];
+              for (int o = 0; o < kNarrowOut; ++o) {
+                const float wv = wk[o][t];
 #pragma GCC unroll 4
-              for (int u = 0; u < kNarrowVectors; ++u) acc[o][u] += wv * xv[u];
+                for (int u = 0; u < kNarrowVectors; ++u) acc[o][u] += wv * xv[u];
+              }
             }
           }
         }
+        for (int o = 0; o < kNarrowOut; ++o)
+          for (int u = 0; u < kNarrowVectors; ++u) {
+            vec total = acc[o][u];
+            if (c0 > 0) total += *reinterpret_cast<const vec_unaligned*>(&out[o][u * kVL]);
+            *reinterpret_cast<vec_unaligned*>(&out[o][u * kVL]) = total;
+          }
       }
       const int64_t count = std::min<int64_t>(kBlock, p.out_w - ow0);
-      for (int64_t o = 0; o < kn; ++o) {
-        float out[kBlock];
-        std::memcpy(out, acc[o], sizeof(out));
+      for (int64_t o = 0; o < kn; ++o)
         std::memcpy(a.y + ((n * p.out_channels + g * cout + k0 + o) * p.out_h + oh) * p.out_w + ow0,
-                    out, size_t(count) * sizeof(float));
-      }
+                    out[o], size_t(count) * sizeof(float));
     }
   }
 }

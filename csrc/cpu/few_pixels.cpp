@@ -50,6 +50,9 @@ CONV2D_EXT_VECTOR_TRAITS(Baseline, 4)
 // instruction set's registers.
 constexpr int kRows = 4, kPix = 4, kCols = 4;
 
+// dgrad's sums over K run kRunK terms at a time (dgrad_tile).
+constexpr int64_t kRunK = 128;
+
 // Columns J are walked kCols vectors at a time in dgrad and wgrad; each
 // task owns one such chunk (the last one partial, its tail scalar).
 template <typename T>
@@ -334,32 +337,44 @@ __attribute__((always_inline)) inline void dgrad_tile(const Dgrad& a, int64_t g,
   const float* const wg = a.w + g * G.kg * G.j;
   const float* const gog = a.go + g * G.kg * G.m;
   const int64_t mq = std::min<int64_t>(kPix, G.m - m0);
+  // The sum over K in runs of kRunK, each from zero and then added to the
+  // total in dcol: one chain over a long K lost a few times PyTorch's
+  // accuracy.
   if (j0 + kWidth <= G.j) {
-    vec<T> acc[kPix][kCols];
-    for (int q = 0; q < kPix; ++q)
-      for (int c = 0; c < kCols; ++c) acc[q][c] = vec<T>{};
-    for (int64_t k = 0; k < G.kg; ++k) {
-      vec<T> wv[kCols];
-      for (int c = 0; c < kCols; ++c) wv[c] = load<T>(wg + k * G.j + j0 + c * T::kVL);
-      // Pixels past the end repeat the last and are dropped.
-      float gv[kPix];
-      for (int q = 0; q < kPix; ++q) gv[q] = gog[k * G.m + m0 + std::min<int64_t>(q, mq - 1)];
-#pragma GCC unroll 4
+    for (int64_t k0 = 0; k0 < G.kg; k0 += kRunK) {
+      vec<T> acc[kPix][kCols];
       for (int q = 0; q < kPix; ++q)
+        for (int c = 0; c < kCols; ++c) acc[q][c] = vec<T>{};
+      for (int64_t k = k0; k < std::min(G.kg, k0 + kRunK); ++k) {
+        vec<T> wv[kCols];
+        for (int c = 0; c < kCols; ++c) wv[c] = load<T>(wg + k * G.j + j0 + c * T::kVL);
+        // Pixels past the end repeat the last and are dropped.
+        float gv[kPix];
+        for (int q = 0; q < kPix; ++q) gv[q] = gog[k * G.m + m0 + std::min<int64_t>(q, mq - 1)];
 #pragma GCC unroll 4
-        for (int c = 0; c < kCols; ++c) acc[q][c] += gv[q] * wv[c];
+        for (int q = 0; q < kPix; ++q)
+#pragma GCC unroll 4
+          for (int c = 0; c < kCols; ++c) acc[q][c] += gv[q] * wv[c];
+      }
+      for (int64_t q = 0; q < mq; ++q)
+        for (int c = 0; c < kCols; ++c) {
+          float* at = a.dcol + (g * G.m + m0 + q) * G.j + j0 + c * T::kVL;
+          store<T>(at, k0 == 0 ? acc[q][c] : load<T>(at) + acc[q][c]);
+        }
     }
-    for (int64_t q = 0; q < mq; ++q)
-      for (int c = 0; c < kCols; ++c)
-        store<T>(a.dcol + (g * G.m + m0 + q) * G.j + j0 + c * T::kVL, acc[q][c]);
     return;
   }
   // The last, partial chunk: the same sums, one column at a time.
   for (int64_t q = 0; q < mq; ++q)
     for (int64_t j = j0; j < G.j; ++j) {
-      float sum = 0.f;
-      for (int64_t k = 0; k < G.kg; ++k) sum += wg[k * G.j + j] * gog[k * G.m + m0 + q];
-      a.dcol[(g * G.m + m0 + q) * G.j + j] = sum;
+      float total = 0.f;
+      for (int64_t k0 = 0; k0 < G.kg; k0 += kRunK) {
+        float sum = 0.f;
+        for (int64_t k = k0; k < std::min(G.kg, k0 + kRunK); ++k)
+          sum += wg[k * G.j + j] * gog[k * G.m + m0 + q];
+        total = k0 == 0 ? sum : total + sum;
+      }
+      a.dcol[(g * G.m + m0 + q) * G.j + j] = total;
     }
 }
 

@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -217,6 +218,25 @@ __attribute__((always_inline)) inline void wgrad_pixel(const ConvParams& p, cons
   }
 }
 
+// Output pixels a run of wgrad's sums takes (whole rows, at least these)
+// before it is added to the chunk's.
+constexpr int64_t kRunPixels = 32;
+
+// acc added to total ([kS][kDN][kVL]), and zeroed.
+template <typename T, int kS, int kDN>
+__attribute__((always_inline)) inline void add_to_total(typename T::vec (*acc)[kDN],
+                                                        float* total) {
+  for (int s = 0; s < kS; ++s)
+    for (int d = 0; d < kDN; ++d) {
+      float* sum = total + (s * kDN + d) * T::kVL;
+      typename T::vec v;
+      std::memcpy(&v, sum, sizeof(v));
+      v += acc[s][d];
+      std::memcpy(sum, &v, sizeof(v));
+      acc[s][d] = typename T::vec{};
+    }
+}
+
 // What a block's passes share: its chunk of rows, channels [b, b + kVL)
 // (storing lanes lane0 on: the lanes below are another task's where the
 // last block overlaps the one before), and the output columns [lo, hi)
@@ -234,9 +254,13 @@ __attribute__((always_inline)) inline void wgrad_passes(const WgradProblem& a,
   const ConvParams& p = a.p;
   const int64_t C = p.in_channels, taps = p.taps();
   for (int64_t r = 0; r < p.kernel_h; ++r) {
+    // Runs of whole rows of at least kRunPixels pixels summed from zero,
+    // each then added to the chunk's (`total`): no chain over a whole chunk.
     vec acc[kS][kDN];
     for (int s = 0; s < kS; ++s)
       for (int d = 0; d < kDN; ++d) acc[s][d] = vec{};
+    alignas(64) float total[kS * kDN * T::kVL] = {};
+    int64_t pixels = 0;  // in the current run
     for (int64_t t = k.t0; t < k.t1; ++t) {
       const int64_t n = t / p.out_h, oh = t % p.out_h;
       const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
@@ -249,11 +273,17 @@ __attribute__((always_inline)) inline void wgrad_passes(const WgradProblem& a,
         wgrad_pixel<T, kQ, kS, kD0, kDN, false>(p, xrow, gorow, ow, acc);
       for (int64_t ow = k.hi; ow < p.out_w; ++ow)
         wgrad_pixel<T, kQ, kS, kD0, kDN, true>(p, xrow, gorow, ow, acc);
+      if ((pixels += p.out_w) >= kRunPixels) {
+        add_to_total<T, kS, kDN>(acc, total);
+        pixels = 0;
+      }
     }
+    add_to_total<T, kS, kDN>(acc, total);
     for (int s = 0; s < kS; ++s)
       for (int d = 0; d < kDN; ++d) {
         float* out = a.partial + ((k.chunk * taps + r * kS + s) * kQ + kD0 + d) * C + k.b;
-        for (int64_t l = k.lane0; l < T::kVL; ++l) out[l] = acc[s][d][l];
+        const float* sum = total + (s * kDN + d) * T::kVL;
+        for (int64_t l = k.lane0; l < T::kVL; ++l) out[l] = sum[l];
       }
   }
   if constexpr (kD0 + kDN < kQ) wgrad_passes<T, kQ, kS, kD0 + kDN, kDN>(a, k);
