@@ -607,7 +607,8 @@ struct DwDgradS2Problem {
 // Lanes kFrom, kFrom + 1, ... of a and b, alternately (a's first).
 template <int kVL, int kFrom, typename V, int... kL>
 __attribute__((always_inline)) inline V interleave(V a, V b, std::integer_sequence<int, kL...>) {
-  return __builtin_shufflevector(a, b, ((kL % 2) * kVL + kFrom + kL / 2)...);
+  return CONV2D_EXT_SHUFFLE(a, b, typename IntVector<kVL>::type,
+                            ((kL % 2) * kVL + kFrom + kL / 2)...);
 }
 
 template <typename T>

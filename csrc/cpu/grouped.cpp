@@ -63,7 +63,7 @@ __attribute__((always_inline)) inline typename T::vec load(const float* at) {
 template <typename T, int kQ, int kC, int... kL>
 __attribute__((always_inline)) inline typename T::vec spread(typename T::vec x,
                                                             std::integer_sequence<int, kL...>) {
-  return __builtin_shuffle(x, typename T::ivec{((kL / kQ) * kQ + kC)...});
+  return CONV2D_EXT_SHUFFLE(x, x, typename T::ivec, ((kL / kQ) * kQ + kC)...);
 }
 
 // acc += sum over c < kQ of spread(x, c) * w[c].
@@ -185,7 +185,7 @@ constexpr int rotations_per_pass(int q, int s) {
 template <typename T, int kQ, int kD, int... kL>
 __attribute__((always_inline)) inline typename T::vec rotate(typename T::vec v,
                                                             std::integer_sequence<int, kL...>) {
-  return __builtin_shuffle(v, typename T::ivec{((kL / kQ) * kQ + (kL % kQ + kD) % kQ)...});
+  return CONV2D_EXT_SHUFFLE(v, v, typename T::ivec, ((kL / kQ) * kQ + (kL % kQ + kD) % kQ)...);
 }
 
 // r[i] = rotation kD0 + i of g.

@@ -32,8 +32,36 @@
     range<Baseline>(a, begin, end);                                                         \
   }
 
+// Lanes (indices...) of the concatenation of vectors a and b, the indices
+// constant: GCC spells it __builtin_shuffle with a mask vector of type
+// `mask` (its __builtin_shufflevector is newer than the GCC we support),
+// Clang __builtin_shufflevector.
+#if defined(__clang__)
+#define CONV2D_EXT_SHUFFLE(a, b, mask, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define CONV2D_EXT_SHUFFLE(a, b, mask, ...) __builtin_shuffle(a, b, mask{__VA_ARGS__})
+#endif
+
 namespace conv2d_ext {
 namespace cpu {
+
+// An int vector of kLanes lanes, the mask type of CONV2D_EXT_SHUFFLE for
+// a float vector of as many (one typedef per width: a vector_size that
+// depends on a template parameter loses the vector type).
+template <int kLanes>
+struct IntVector;
+template <>
+struct IntVector<16> {
+  typedef int type __attribute__((vector_size(64)));
+};
+template <>
+struct IntVector<8> {
+  typedef int type __attribute__((vector_size(32)));
+};
+template <>
+struct IntVector<4> {
+  typedef int type __attribute__((vector_size(16)));
+};
 
 enum class Isa { kAvx512, kAvx2, kBaseline };
 
