@@ -1,4 +1,4 @@
-// The packed-group kernel (grouped.h).
+// The packed-group kernels (grouped.h): the forward here, wgrad below.
 //
 // With q input and q output channels a group, output channels [b, b + kVL)
 // (kVL / q whole groups, b a multiple of q) read input channels [b, b + kVL)
