@@ -118,12 +118,12 @@ __attribute__((always_inline)) inline void pixel_block(const PixelBlock& b, int6
   // summed from zero and then added to the total: one chain over a long
   // reduction lost up to a few times PyTorch's accuracy.
   const int64_t run = std::max<int64_t>(1, kRunEntries / taps);  // channels a run
-  float out[kOW][kKB];  // the total
+  alignas(64) float out[kOW][kKB] = {};  // the total
+  vec acc[kOW][kNV];
+  for (int j = 0; j < kOW; ++j)
+    for (int v = 0; v < kNV; ++v)
+      acc[j][v] = *reinterpret_cast<const vec_unaligned*>(b.bias_v + v * kVL);
   for (int64_t c0 = 0; c0 < cin; c0 += run) {
-    vec acc[kOW][kNV];
-    for (int j = 0; j < kOW; ++j)
-      for (int v = 0; v < kNV; ++v)
-        acc[j][v] = c0 == 0 ? *reinterpret_cast<const vec_unaligned*>(b.bias_v + v * kVL) : vec{};
     for (int64_t c = c0; c < std::min(cin, c0 + run); ++c) {
       const float* wc = wblock + c * taps * kKB;
       for (int64_t r = 0; r < p.kernel_h; ++r) {
@@ -143,12 +143,7 @@ __attribute__((always_inline)) inline void pixel_block(const PixelBlock& b, int6
         }
       }
     }
-    for (int j = 0; j < kOW; ++j)
-      for (int v = 0; v < kNV; ++v) {
-        vec total = acc[j][v];
-        if (c0 > 0) total += *reinterpret_cast<const vec_unaligned*>(&out[j][v * kVL]);
-        *reinterpret_cast<vec_unaligned*>(&out[j][v * kVL]) = total;
-      }
+    add_to_sums<vec, kOW, kNV, kVL>(acc, &out[0][0]);
   }
   // [pixel][channel] sums to NCHW rows, or to NHWC pixels as they are.
   const int64_t count = std::min<int64_t>(kOW, p.out_w - ow0);
@@ -353,19 +348,6 @@ inline void wgrad_offsets(const WgradProblem& a, int64_t e0, int64_t count,
     off[e] = kNhwc ? (r * p.dilation_h * a.wp + sx * p.dilation_w) * p.in_channels + c
                    : (c * a.hp + r * p.dilation_h) * a.wp + sx * p.dilation_w;
   }
-}
-
-// acc (kE x kN vectors of kVL) added to `sums` ([kE][kN * kVL]), and zeroed.
-template <typename V, int kE, int kN, int kVL>
-__attribute__((always_inline)) inline void add_to_sums(V (*acc)[kN], float* sums) {
-  for (int e = 0; e < kE; ++e)
-    for (int v = 0; v < kN; ++v) {
-      V total;
-      std::memcpy(&total, sums + (e * kN + v) * kVL, sizeof(total));
-      total += acc[e][v];
-      std::memcpy(sums + (e * kN + v) * kVL, &total, sizeof(total));
-      acc[e][v] = V{};
-    }
 }
 
 // Pixels a run of wgrad's sums takes before it is added to the tile's.
@@ -1358,13 +1340,13 @@ __attribute__((always_inline)) inline void narrow_row(const NarrowProblem& a, in
     // zero and then added to the total (as pixel_block's).
     const int64_t run = std::max<int64_t>(1, kRunEntries / taps);  // channels a run
     for (int64_t ow0 = 0; ow0 < p.out_w; ow0 += kBlock) {
-      float out[kNarrowOut][kBlock];  // the total
+      alignas(64) float out[kNarrowOut][kBlock] = {};  // the total
+      vec acc[kNarrowOut][kNarrowVectors];
+      for (int o = 0; o < kNarrowOut; ++o) {
+        const float b = a.bias && o < kn ? a.bias[g * cout + k0 + o] : 0.f;
+        for (int u = 0; u < kNarrowVectors; ++u) acc[o][u] = vec{} + b;
+      }
       for (int64_t c0 = 0; c0 < cin; c0 += run) {
-        vec acc[kNarrowOut][kNarrowVectors];
-        for (int o = 0; o < kNarrowOut; ++o) {
-          const float b = c0 == 0 && a.bias && o < kn ? a.bias[g * cout + k0 + o] : 0.f;
-          for (int u = 0; u < kNarrowVectors; ++u) acc[o][u] = vec{} + b;
-        }
         for (int64_t c = c0; c < std::min(cin, c0 + run); ++c) {
           const float* xc = ximg + (c * a.hp + oh * p.stride_h) * a.wp + ow0;
           for (int64_t r = 0; r < p.kernel_h; ++r) {
@@ -1383,12 +1365,7 @@ __attribute__((always_inline)) inline void narrow_row(const NarrowProblem& a, in
             }
           }
         }
-        for (int o = 0; o < kNarrowOut; ++o)
-          for (int u = 0; u < kNarrowVectors; ++u) {
-            vec total = acc[o][u];
-            if (c0 > 0) total += *reinterpret_cast<const vec_unaligned*>(&out[o][u * kVL]);
-            *reinterpret_cast<vec_unaligned*>(&out[o][u * kVL]) = total;
-          }
+        add_to_sums<vec, kNarrowOut, kNarrowVectors, kVL>(acc, &out[0][0]);
       }
       const int64_t count = std::min<int64_t>(kBlock, p.out_w - ow0);
       for (int64_t o = 0; o < kn; ++o)
@@ -1834,11 +1811,8 @@ bool depthwise_nhwc_fits(const ConvParams& p) {
 
 void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, const float* bias,
                           float* y) {
-  // The weight [C][1][R][S] as [R*S][C].
-  const int64_t taps = p.taps(), C = p.out_channels;
-  std::vector<float> wt(size_t(taps * C));
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t t = 0; t < taps; ++t) wt[size_t(t * C + c)] = w[c * taps + t];
+  const int64_t C = p.out_channels;
+  const std::vector<float> wt = tap_major(w, C, p.taps());  // the weight [C][1][R][S] as [R*S][C]
   const Isa i = isa();
   // Two rows a task at unit stride and dilation, where the two rows'
   // accumulators and weights fit the registers (beyond AVX-512, 3 columns
@@ -1859,11 +1833,7 @@ void fprop_depthwise_nhwc(const ConvParams& p, const float* x, const float* w, c
 
 void dgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const float* w,
                           float* grad_in) {
-  // The weight [C][1][R][S] as [R*S][C].
-  const int64_t taps = p.taps(), C = p.in_channels;
-  std::vector<float> wt(size_t(taps * C));
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t t = 0; t < taps; ++t) wt[size_t(t * C + c)] = w[c * taps + t];
+  const std::vector<float> wt = tap_major(w, p.in_channels, p.taps());  // [R*S][C]
   const Isa i = isa();
   const DwDgradNhwcProblem a{p, grad_out, wt.data(), grad_in};
   auto* run = pick(i, &dw_dgrad_nhwc_avx512, &dw_dgrad_nhwc_avx2, &dw_dgrad_nhwc_baseline);
@@ -1881,12 +1851,7 @@ void wgrad_depthwise_nhwc(const ConvParams& p, const float* grad_out, const floa
   const int64_t vl = pick(i, Avx512::kVL, Avx2::kVL, Baseline::kVL);
   const int64_t C = p.out_channels, taps = p.taps(), rows = p.batch * p.out_h;
   const int64_t blocks = (C + vl - 1) / vl;
-  // Chunks of a fixed number of rows whatever the thread count: about
-  // kChunkBytes of grad_output and input, so that a chunk and the next one
-  // fetched beside it both stay in a core's L2.
-  constexpr int64_t kChunkBytes = 256 << 10;
-  const int64_t row_bytes = int64_t(sizeof(float)) * C * (p.out_w + p.in_w * p.stride_h);
-  const int64_t chunk_rows = std::max<int64_t>(1, kChunkBytes / row_bytes);
+  const int64_t chunk_rows = nhwc_wgrad_chunk_rows(C, p.out_w, p.in_w, p.stride_h);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
   std::vector<float> partial(size_t(chunks * taps * C));
   const bool fetch = int64_t(sizeof(float)) * C *

@@ -222,21 +222,6 @@ __attribute__((always_inline)) inline void wgrad_pixel(const ConvParams& p, cons
 // before it is added to the chunk's.
 constexpr int64_t kRunPixels = 32;
 
-// acc added to total ([kS][kDN][kVL]), and zeroed.
-template <typename T, int kS, int kDN>
-__attribute__((always_inline)) inline void add_to_total(typename T::vec (*acc)[kDN],
-                                                        float* total) {
-  for (int s = 0; s < kS; ++s)
-    for (int d = 0; d < kDN; ++d) {
-      float* sum = total + (s * kDN + d) * T::kVL;
-      typename T::vec v;
-      std::memcpy(&v, sum, sizeof(v));
-      v += acc[s][d];
-      std::memcpy(sum, &v, sizeof(v));
-      acc[s][d] = typename T::vec{};
-    }
-}
-
 // What a block's passes share: its chunk of rows, channels [b, b + kVL)
 // (storing lanes lane0 on: the lanes below are another task's where the
 // last block overlaps the one before), and the output columns [lo, hi)
@@ -274,11 +259,11 @@ __attribute__((always_inline)) inline void wgrad_passes(const WgradProblem& a,
       for (int64_t ow = k.hi; ow < p.out_w; ++ow)
         wgrad_pixel<T, kQ, kS, kD0, kDN, true>(p, xrow, gorow, ow, acc);
       if ((pixels += p.out_w) >= kRunPixels) {
-        add_to_total<T, kS, kDN>(acc, total);
+        add_to_sums<typename T::vec, kS, kDN, T::kVL>(acc, total);
         pixels = 0;
       }
     }
-    add_to_total<T, kS, kDN>(acc, total);
+    add_to_sums<typename T::vec, kS, kDN, T::kVL>(acc, total);
     for (int s = 0; s < kS; ++s)
       for (int d = 0; d < kDN; ++d) {
         float* out = a.partial + ((k.chunk * taps + r * kS + s) * kQ + kD0 + d) * C + k.b;
@@ -361,11 +346,7 @@ void wgrad_grouped_nhwc(const ConvParams& p, const float* grad_out, const float*
   const Isa i = isa();
   const int64_t vl = vector_floats(i), C = p.in_channels, q = p.in_channels_per_group();
   const int64_t taps = p.taps(), rows = p.batch * p.out_h, blocks = (C + vl - 1) / vl;
-  // Chunks of a fixed number of rows whatever the thread count: about
-  // kChunkBytes of grad_output and input.
-  constexpr int64_t kChunkBytes = 256 << 10;
-  const int64_t row_bytes = int64_t(sizeof(float)) * C * (p.out_w + p.in_w * p.stride_h);
-  const int64_t chunk_rows = std::max<int64_t>(1, kChunkBytes / row_bytes);
+  const int64_t chunk_rows = nhwc_wgrad_chunk_rows(C, p.out_w, p.in_w, p.stride_h);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
   std::vector<float> partial(size_t(chunks * taps * q * C));
   const WgradProblem a{p, x, grad_out, partial.data(), chunk_rows};

@@ -4,7 +4,10 @@
 // widest the CPU has (and the options allow) runs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 // x86-64 compiles the wider variants with target attributes; elsewhere
 // (aarch64) they are the baseline code, never chosen.
@@ -62,6 +65,43 @@ template <>
 struct IntVector<4> {
   typedef int type __attribute__((vector_size(16)));
 };
+
+// acc (kE x kN vectors V of kVL floats) added to `sums` ([kE][kN * kVL]),
+// and zeroed: long reductions summed in runs, each run's sums from zero
+// and then added to the total, so that no float32 chain runs long (one
+// chain over a whole reduction lost a few times PyTorch's accuracy).
+template <typename V, int kE, int kN, int kVL>
+__attribute__((always_inline)) inline void add_to_sums(V (*acc)[kN], float* sums) {
+  for (int e = 0; e < kE; ++e)
+    for (int v = 0; v < kN; ++v) {
+      V total;
+      std::memcpy(&total, sums + (e * kN + v) * kVL, sizeof(total));
+      total += acc[e][v];
+      std::memcpy(sums + (e * kN + v) * kVL, &total, sizeof(total));
+      acc[e][v] = V{};
+    }
+}
+
+// Output rows (over the batch) a chunk of a channels_last wgrad sums before
+// its partial sums are set aside: about 256 KiB of grad_output and input,
+// so that a chunk and the next one fetched beside it both stay in a core's
+// L2; a count fixed by the shape, not the threads, so that the chunks'
+// sums, added in order, do not depend on the thread count.
+inline int64_t nhwc_wgrad_chunk_rows(int64_t channels, int64_t out_w, int64_t in_w,
+                                     int64_t stride_h) {
+  constexpr int64_t kChunkBytes = 256 << 10;
+  const int64_t row_bytes = int64_t(sizeof(float)) * channels * (out_w + in_w * stride_h);
+  return std::max<int64_t>(1, kChunkBytes / row_bytes);
+}
+
+// A depthwise weight [C][taps] as [taps][C]: a tap's weights for a vector
+// of channels contiguous.
+inline std::vector<float> tap_major(const float* w, int64_t channels, int64_t taps) {
+  std::vector<float> wt(size_t(taps * channels));
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t t = 0; t < taps; ++t) wt[size_t(t * channels + c)] = w[c * taps + t];
+  return wt;
+}
 
 enum class Isa { kAvx512, kAvx2, kBaseline };
 
