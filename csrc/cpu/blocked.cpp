@@ -90,7 +90,7 @@ std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb,
 // channel). `rows`, wblock, bias_v: as row_block holds them.
 // Entries of the reduction a run of sums takes before it is added to the
 // total (pixel_block, narrow_row).
-constexpr int64_t kRunEntries = 128;
+constexpr int64_t kRunEntries = 32;
 
 struct PixelBlock {
   const ConvParams& p;
@@ -351,7 +351,7 @@ inline void wgrad_offsets(const WgradProblem& a, int64_t e0, int64_t count,
 }
 
 // Pixels a run of wgrad's sums takes before it is added to the tile's.
-constexpr int64_t kRunPixels = 128;
+constexpr int64_t kRunPixels = 32;
 
 // One tile's sums (in `sums`, [kEntries][kKB]) continued over output rows
 // [oh0, oh1) of image n: runs of kRunPixels pixels summed from zero, each
@@ -1107,6 +1107,10 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwc
   const int64_t t0 = chunk * a.chunk_rows;
   const int64_t t1 = std::min<int64_t>(t0 + a.chunk_rows, p.batch * p.out_h);
   for (int64_t r0 = 0; r0 < p.kernel_h; r0 += kRows) {
+    // Each output row's sums from zero, then added to the chunk's total:
+    // one chain over the chunk's rows lost PyTorch's accuracy. (Runs of a
+    // few rows, behind a branch, ran slower than a run a row.)
+    alignas(64) float total[kRows][kS][T::kVL] = {};
     vec acc[kRows][kS];
     for (int k = 0; k < kRows; ++k)
       for (int s = 0; s < kS; ++s) acc[k][s] = vec{};
@@ -1155,11 +1159,12 @@ __attribute__((always_inline)) inline void dw_wgrad_nhwc_block(const DwWgradNhwc
           dw_wgrad_nhwc_run<T, kS, kSW, kRows, false>(p, xrow, step, gorow, ow0, acc);
         }
       }
+      add_to_sums<vec, kRows, kS, T::kVL>(acc, &total[0][0][0]);
     }
     for (int k = 0; k < kRows && r0 + k < p.kernel_h; ++k)
       for (int s = 0; s < kS; ++s) {
         float* out = a.partial + ((chunk * p.kernel_h + r0 + k) * kS + s) * C + c0;
-        for (int64_t l = lane0; l < T::kVL; ++l) out[l] = acc[k][s][l];
+        for (int64_t l = lane0; l < T::kVL; ++l) out[l] = total[k][s][l];
       }
   }
 }
@@ -1464,10 +1469,11 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
   }
   float lanes[kWgradEntries][kVL];
   std::memcpy(lanes, acc, sizeof(lanes));
+  // The lanes summed pairwise: a tree's rounding, not a chain's.
   for (int64_t e = 0; e < count; ++e) {
-    float sum = 0.f;
-    for (int l = 0; l < kVL; ++l) sum += lanes[e][l];
-    a.gw[k * cin * taps + e0 + e] = sum;
+    for (int half = kVL / 2; half >= 1; half /= 2)
+      for (int l = 0; l < half; ++l) lanes[e][l] += lanes[e][l + half];
+    a.gw[k * cin * taps + e0 + e] = lanes[e][0];
   }
 }
 

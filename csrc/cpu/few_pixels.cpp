@@ -50,8 +50,11 @@ CONV2D_EXT_VECTOR_TRAITS(Baseline, 4)
 // instruction set's registers.
 constexpr int kRows = 4, kPix = 4, kCols = 4;
 
-// dgrad's sums over K run kRunK terms at a time (dgrad_tile).
-constexpr int64_t kRunK = 128;
+// Sums over a long reduction run a few terms at a time, each run from zero
+// and then added to the total: one chain lost up to a few times PyTorch's
+// accuracy. dgrad's over K take kRunK terms a run, wgrad's over pixels
+// kRunM.
+constexpr int64_t kRunK = 128, kRunM = 32;
 
 // Columns J are walked kCols vectors at a time in dgrad and wgrad; each
 // task owns one such chunk (the last one partial, its tail scalar).
@@ -406,29 +409,42 @@ __attribute__((always_inline)) inline void wgrad_tile(const Wgrad& a, int64_t g,
   const float* const colg = a.col + g * G.m * G.j;
   float* const gwr = a.gw + (g * G.kg + k0) * G.j;
   if (j0 + kWidth <= G.j) {
-    vec<T> acc[kRows][kCols];
-    for (int r = 0; r < kRows; ++r)
-      for (int c = 0; c < kCols; ++c) acc[r][c] = vec<T>{};
-    for (int64_t m = 0; m < G.m; ++m) {
-      vec<T> cv[kCols];
-      for (int c = 0; c < kCols; ++c) cv[c] = load<T>(colg + m * G.j + j0 + c * T::kVL);
-      // Rows past the end repeat the last and are dropped.
-      float gv[kRows];
-      for (int r = 0; r < kRows; ++r) gv[r] = gor[std::min<int64_t>(r, kr - 1) * G.m + m];
-#pragma GCC unroll 4
+    // The pixels in runs of kRunM, each summed from zero and then added to
+    // the tile's total in gw (its first run stored).
+    for (int64_t m0 = 0; m0 < G.m; m0 += kRunM) {
+      vec<T> acc[kRows][kCols];
       for (int r = 0; r < kRows; ++r)
+        for (int c = 0; c < kCols; ++c) acc[r][c] = vec<T>{};
+      const int64_t m1 = std::min<int64_t>(G.m, m0 + kRunM);
+      for (int64_t m = m0; m < m1; ++m) {
+        vec<T> cv[kCols];
+        for (int c = 0; c < kCols; ++c) cv[c] = load<T>(colg + m * G.j + j0 + c * T::kVL);
+        // Rows past the end repeat the last and are dropped.
+        float gv[kRows];
+        for (int r = 0; r < kRows; ++r) gv[r] = gor[std::min<int64_t>(r, kr - 1) * G.m + m];
 #pragma GCC unroll 4
-        for (int c = 0; c < kCols; ++c) acc[r][c] += gv[r] * cv[c];
+        for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+          for (int c = 0; c < kCols; ++c) acc[r][c] += gv[r] * cv[c];
+      }
+      for (int64_t r = 0; r < kr; ++r)
+        for (int c = 0; c < kCols; ++c) {
+          float* const out = gwr + r * G.j + j0 + c * T::kVL;
+          store<T>(out, m0 == 0 ? acc[r][c] : load<T>(out) + acc[r][c]);
+        }
     }
-    for (int64_t r = 0; r < kr; ++r)
-      for (int c = 0; c < kCols; ++c) store<T>(gwr + r * G.j + j0 + c * T::kVL, acc[r][c]);
     return;
   }
   for (int64_t r = 0; r < kr; ++r)
     for (int64_t j = j0; j < G.j; ++j) {
-      float sum = 0.f;
-      for (int64_t m = 0; m < G.m; ++m) sum += gor[r * G.m + m] * colg[m * G.j + j];
-      gwr[r * G.j + j] = sum;
+      float total = 0.f;
+      for (int64_t m0 = 0; m0 < G.m; m0 += kRunM) {
+        float sum = 0.f;
+        for (int64_t m = m0; m < std::min<int64_t>(G.m, m0 + kRunM); ++m)
+          sum += gor[r * G.m + m] * colg[m * G.j + j];
+        total += sum;
+      }
+      gwr[r * G.j + j] = total;
     }
 }
 

@@ -218,10 +218,6 @@ __attribute__((always_inline)) inline void wgrad_pixel(const ConvParams& p, cons
   }
 }
 
-// Output pixels a run of wgrad's sums takes (whole rows, at least these)
-// before it is added to the chunk's.
-constexpr int64_t kRunPixels = 32;
-
 // What a block's passes share: its chunk of rows, channels [b, b + kVL)
 // (storing lanes lane0 on: the lanes below are another task's where the
 // last block overlaps the one before), and the output columns [lo, hi)
@@ -239,13 +235,13 @@ __attribute__((always_inline)) inline void wgrad_passes(const WgradProblem& a,
   const ConvParams& p = a.p;
   const int64_t C = p.in_channels, taps = p.taps();
   for (int64_t r = 0; r < p.kernel_h; ++r) {
-    // Runs of whole rows of at least kRunPixels pixels summed from zero,
-    // each then added to the chunk's (`total`): no chain over a whole chunk.
+    // Each output row's sums from zero, then added to the chunk's
+    // (`total`): no chain over a whole chunk. (Runs of a few rows, behind a
+    // branch, were no faster.)
     vec acc[kS][kDN];
     for (int s = 0; s < kS; ++s)
       for (int d = 0; d < kDN; ++d) acc[s][d] = vec{};
     alignas(64) float total[kS * kDN * T::kVL] = {};
-    int64_t pixels = 0;  // in the current run
     for (int64_t t = k.t0; t < k.t1; ++t) {
       const int64_t n = t / p.out_h, oh = t % p.out_h;
       const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dilation_h;
@@ -258,12 +254,8 @@ __attribute__((always_inline)) inline void wgrad_passes(const WgradProblem& a,
         wgrad_pixel<T, kQ, kS, kD0, kDN, false>(p, xrow, gorow, ow, acc);
       for (int64_t ow = k.hi; ow < p.out_w; ++ow)
         wgrad_pixel<T, kQ, kS, kD0, kDN, true>(p, xrow, gorow, ow, acc);
-      if ((pixels += p.out_w) >= kRunPixels) {
-        add_to_sums<typename T::vec, kS, kDN, T::kVL>(acc, total);
-        pixels = 0;
-      }
+      add_to_sums<typename T::vec, kS, kDN, T::kVL>(acc, total);
     }
-    add_to_sums<typename T::vec, kS, kDN, T::kVL>(acc, total);
     for (int s = 0; s < kS; ++s)
       for (int d = 0; d < kDN; ++d) {
         float* out = a.partial + ((k.chunk * taps + r * kS + s) * kQ + kD0 + d) * C + k.b;
