@@ -90,7 +90,7 @@ std::vector<float> pack_weights(const ConvParams& p, const float* w, int kb,
 // channel). `rows`, wblock, bias_v: as row_block holds them.
 // Entries of the reduction a run of sums takes before it is added to the
 // total (pixel_block, narrow_row).
-constexpr int64_t kRunEntries = 32;
+constexpr int64_t kRunEntries = 64;
 
 struct PixelBlock {
   const ConvParams& p;
@@ -1467,14 +1467,9 @@ __attribute__((always_inline)) inline void wgrad_entries(const NarrowWgradProble
       }
     }
   }
-  float lanes[kWgradEntries][kVL];
-  std::memcpy(lanes, acc, sizeof(lanes));
-  // The lanes summed pairwise: a tree's rounding, not a chain's.
-  for (int64_t e = 0; e < count; ++e) {
-    for (int half = kVL / 2; half >= 1; half /= 2)
-      for (int l = 0; l < half; ++l) lanes[e][l] += lanes[e][l + half];
-    a.gw[k * cin * taps + e0 + e] = lanes[e][0];
-  }
+  // The lanes summed pairwise (in order they lost PyTorch's accuracy).
+  for (int64_t e = 0; e < count; ++e)
+    a.gw[k * cin * taps + e0 + e] = pairwise_lane_sum<vec, kVL>(acc[e]);
 }
 
 template <typename T>

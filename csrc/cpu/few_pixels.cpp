@@ -399,6 +399,28 @@ struct Wgrad {
   Geometry G;
 };
 
+// Pixels [m0, m1) of a tile's products (kr rows of grad_output from gor,
+// the chunk of J from j0), summed from zero into acc.
+template <typename T>
+__attribute__((always_inline)) inline void wgrad_run(const Geometry& G, const float* gor,
+                                                     const float* colg, int64_t kr, int64_t j0,
+                                                     int64_t m0, int64_t m1,
+                                                     vec<T> (&acc)[kRows][kCols]) {
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c) acc[r][c] = vec<T>{};
+  for (int64_t m = m0; m < m1; ++m) {
+    vec<T> cv[kCols];
+    for (int c = 0; c < kCols; ++c) cv[c] = load<T>(colg + m * G.j + j0 + c * T::kVL);
+    // Rows past the end repeat the last and are dropped.
+    float gv[kRows];
+    for (int r = 0; r < kRows; ++r) gv[r] = gor[std::min<int64_t>(r, kr - 1) * G.m + m];
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < kCols; ++c) acc[r][c] += gv[r] * cv[c];
+  }
+}
+
 template <typename T>
 __attribute__((always_inline)) inline void wgrad_tile(const Wgrad& a, int64_t g, int64_t k0,
                                                       int64_t j0) {
@@ -409,24 +431,19 @@ __attribute__((always_inline)) inline void wgrad_tile(const Wgrad& a, int64_t g,
   const float* const colg = a.col + g * G.m * G.j;
   float* const gwr = a.gw + (g * G.kg + k0) * G.j;
   if (j0 + kWidth <= G.j) {
+    vec<T> acc[kRows][kCols];
     // The pixels in runs of kRunM, each summed from zero and then added to
-    // the tile's total in gw (its first run stored).
+    // the tile's total in gw. A single run (few pixels, where tiles are
+    // many and short) keeps the loop of one: the runs' loop cost those
+    // tiles twice their time.
+    if (G.m <= kRunM) {
+      wgrad_run<T>(G, gor, colg, kr, j0, 0, G.m, acc);
+      for (int64_t r = 0; r < kr; ++r)
+        for (int c = 0; c < kCols; ++c) store<T>(gwr + r * G.j + j0 + c * T::kVL, acc[r][c]);
+      return;
+    }
     for (int64_t m0 = 0; m0 < G.m; m0 += kRunM) {
-      vec<T> acc[kRows][kCols];
-      for (int r = 0; r < kRows; ++r)
-        for (int c = 0; c < kCols; ++c) acc[r][c] = vec<T>{};
-      const int64_t m1 = std::min<int64_t>(G.m, m0 + kRunM);
-      for (int64_t m = m0; m < m1; ++m) {
-        vec<T> cv[kCols];
-        for (int c = 0; c < kCols; ++c) cv[c] = load<T>(colg + m * G.j + j0 + c * T::kVL);
-        // Rows past the end repeat the last and are dropped.
-        float gv[kRows];
-        for (int r = 0; r < kRows; ++r) gv[r] = gor[std::min<int64_t>(r, kr - 1) * G.m + m];
-#pragma GCC unroll 4
-        for (int r = 0; r < kRows; ++r)
-#pragma GCC unroll 4
-          for (int c = 0; c < kCols; ++c) acc[r][c] += gv[r] * cv[c];
-      }
+      wgrad_run<T>(G, gor, colg, kr, j0, m0, std::min<int64_t>(G.m, m0 + kRunM), acc);
       for (int64_t r = 0; r < kr; ++r)
         for (int c = 0; c < kCols; ++c) {
           float* const out = gwr + r * G.j + j0 + c * T::kVL;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 // x86-64 compiles the wider variants with target attributes; elsewhere
@@ -65,6 +66,25 @@ template <>
 struct IntVector<4> {
   typedef int type __attribute__((vector_size(16)));
 };
+
+// v's lanes rotated down by kH: lane l holds v[(l + kH) % kVL].
+template <typename V, int kVL, int kH, int... kL>
+__attribute__((always_inline)) inline V rotate_lanes(V v, std::integer_sequence<int, kL...>) {
+  return CONV2D_EXT_SHUFFLE(v, v, typename IntVector<kVL>::type, ((kL + kH) % kVL)...);
+}
+
+// The sum of v's kVL lanes as a tree of pairs (halves added, then their
+// halves): a tree's rounding rather than a chain's, in log2(kVL) vector
+// adds.
+template <typename V, int kVL>
+__attribute__((always_inline)) inline float pairwise_lane_sum(V v) {
+  const auto lanes = std::make_integer_sequence<int, kVL>{};
+  if constexpr (kVL >= 16) v += rotate_lanes<V, kVL, 8>(v, lanes);
+  if constexpr (kVL >= 8) v += rotate_lanes<V, kVL, 4>(v, lanes);
+  v += rotate_lanes<V, kVL, 2>(v, lanes);
+  v += rotate_lanes<V, kVL, 1>(v, lanes);
+  return v[0];
+}
 
 // acc (kE x kN vectors V of kVL floats) added to `sums` ([kE][kN * kVL]),
 // and zeroed: long reductions summed in runs, each run's sums from zero
