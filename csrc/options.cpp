@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 19> kEntries{{
+constexpr std::array<Entry, 20> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -34,8 +34,9 @@ constexpr std::array<Entry, 19> kEntries{{
     {"cpu_avx2", true},
     {"nhwc_tf32_truncate", false},
     {"nhwc_16bit", true},
+    {"nhwc_ieee_wgrad", false},
 }};
-static_assert(static_cast<int>(Option::kNhwc16Bit) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcIeeeWgrad) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

@@ -168,8 +168,15 @@ bool nhwc_engine_16bit(const ConvParams& p, Pass pass, int sm) {
   if (pass == Pass::kDgrad && !dgrad_is_fprop(p)) return igemm_nhwc::dgrad_phases_fit(p, 2);
   return igemm_nhwc::fits(f, 2);
 }
+// IEEE mode's short wgrad reductions (short_wgrad: 3xTF32 errs more than
+// cuDNN's FP32 there) on the engine's FFMA wgrad, where the option asks;
+// else the direct kernel's.
+bool nhwc_ieee_wgrad(const ConvParams& p) {
+  return option(Option::kNhwcIeeeWgrad) && short_wgrad(p) && igemm_nhwc::wgrad_fits(p);
+}
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
-  if (!option(Option::kNhwcKernels) || sm < 80 || math != MathMode::kTF32) return false;
+  if (!option(Option::kNhwcKernels) || sm < 80) return false;
+  if (math != MathMode::kTF32) return pass == Pass::kWgrad && nhwc_ieee_wgrad(p);
   if (pass == Pass::kFprop) return nhwc_fprop(p, sm);
   if (pass == Pass::kDgrad) {
     return dgrad_is_fprop(p) ? nhwc_fprop(dgrad_as_fprop(p), sm) : igemm_nhwc::dgrad_phases_fit(p);

@@ -224,6 +224,47 @@ def test_wgrad_against_float64(case):
     assert rel_err(gw, gw64) <= tolerance(torch.float32, "tf32", pixels)
 
 
+# IEEE mode's short wgrad reductions (N*P*Q below 8192) on the engine's FFMA
+# wgrad (option nhwc_ieee_wgrad): 128 x 128 tiles with a K split, 128 x 64
+# and 64 x 64 tiles partial in M and N, a strided 1x1 layer.
+IEEE_WGRAD = {
+    "r50_3x3_7x7": (8, 256, 7, 7, 256, 3, 3, 1, 1, 1),
+    "partial_128x64": (3, 72, 13, 11, 136, 3, 3, 1, 1, 1),
+    "partial_64x64": (2, 20, 9, 10, 44, 3, 5, 1, (1, 2), 1),
+    "1x1_s2": (4, 128, 27, 27, 256, 1, 1, 2, 0, 1),
+}
+
+
+@cuda_only
+@pytest.mark.parametrize("case", sorted(IEEE_WGRAD))
+def test_ieee_short_wgrad_on_ffma(case):
+    """The plan's choice with the option on and off; bitwise repeatable;
+    against float64 within FP32's tolerance, and no less accurate than
+    cuDNN's strict FP32 on the same inputs (the precision contract)."""
+    n, c, h, w_, k, r, s, stride, padding, dilation = IEEE_WGRAD[case]
+    x = torch.randn(n, c, h, w_, device="cuda").to(memory_format=CL)
+    w = torch.randn(k, c, r, s, device="cuda").to(memory_format=CL)
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    with tf32_mode(False):
+        with option("nhwc_ieee_wgrad", False):
+            assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "direct"
+        with option("nhwc_ieee_wgrad", True):
+            assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "implicit_gemm_nhwc"
+            y = conv2d_ext.conv2d(x, w, None, **kw)
+            gy = torch.randn_like(y)
+            args = (gy, x, list(w.shape), *_args(x, w, kw)[2:])
+            gw = ops.conv2d_backward_weight(*args)
+            gw2 = ops.conv2d_backward_weight(*args)
+        gw_cudnn = torch.nn.grad.conv2d_weight(x, w.shape, gy, stride, padding, dilation)
+    assert gw.stride() == w.stride()
+    assert torch.equal(gw, gw2), "not bitwise reproducible"
+    _, _, gw64, _ = reference(x, w, None, stride, padding, dilation, 1, grad_out=gy)
+    pixels = y.shape[0] * y.shape[2] * y.shape[3]
+    assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
+    ours, cudnn = rel_err(gw, gw64), rel_err(gw_cudnn, gw64)
+    assert ours <= cudnn, f"relative error {ours:.3g} against cuDNN's {cudnn:.3g}"
+
+
 @cuda_only
 def test_wgrad_switched_off_runs_the_nchw_kernels_on_copies():
     x, w, b, kw = _operands("wide_128x128")

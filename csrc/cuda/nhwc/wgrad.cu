@@ -1,5 +1,6 @@
 // wgrad over channels_last operands on mma.sync (sm_80+): float32 in TF32
-// mode, or float16 / bfloat16 (E) on m16n8k16 MMAs.
+// mode, or float16 / bfloat16 (E) on m16n8k16 MMAs; float32 in IEEE mode on
+// FFMA (wgrad_nhwc_ffma_kernel, behind an option).
 //
 // Implicit GEMM with the batch's pixels as K (config.h): M = K output
 // channels, N = one tap's input channels (a block's N tile never spans
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../../plan.h"
 #include "../common.cuh"
 #include "../mma.cuh"
 #include "../limits.h"
@@ -261,9 +263,122 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   wgrad_store<T>(acc, p, b, out, warp_m, warp_n, lane);
 }
 
+// IEEE mode's wgrad on FFMA (option nhwc_ieee_wgrad): the short
+// reductions that 3xTF32 cannot serve (plan.cpp, short_wgrad), with the
+// tensor-core kernel's tiles, copies and slices. The 256 threads are 16 x 16,
+// each summing a kTM x kTN block of (output channel, input channel)
+// weights: rows tm*4 .. tm*4+3 of every 64-row half of the M tile, columns
+// likewise in N, so that a k step's operands are float4 reads of the
+// staged [pixel][channel] rows, 16 distinct per warp (broadcast to the
+// rest). Products are exact (FFMA); each K tile's 32 are summed from zero
+// and then added to the thread's total, so no float32 chain runs past 32
+// terms before the slices' ordered reduction.
+template <int BM, int BN>
+struct FfmaTraits : WgradTraits<BM, BN, float> {
+  static constexpr int kTM = BM / 16, kTN = BN / 16;
+  static_assert(kTM % 4 == 0 && kTN % 4 == 0, "float4 groups of rows and columns");
+};
+
+// kTM (kTN) consecutive-by-fours operands of one staged row: groups of four
+// 64 apart from `at`.
+template <int kCount>
+__device__ __forceinline__ void load_fours(float (&v)[kCount], const float* at) {
+#pragma unroll
+  for (int h = 0; h < kCount / 4; ++h) {
+    const float4 q = *reinterpret_cast<const float4*>(at + 64 * h);
+    v[4 * h] = q.x;
+    v[4 * h + 1] = q.y;
+    v[4 * h + 2] = q.z;
+    v[4 * h + 3] = q.w;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void wgrad_ffma_stage(float (&total)[T::kTM][T::kTN],
+                                                 const float* stage, int tm, int tn) {
+  const float* sa = stage + 4 * tm;
+  const float* sb = stage + kPixels * T::kLdA + 4 * tn;
+  float acc[T::kTM][T::kTN];
+#pragma unroll
+  for (int i = 0; i < T::kTM; ++i)
+#pragma unroll
+    for (int j = 0; j < T::kTN; ++j) acc[i][j] = 0.f;
+#pragma unroll 4
+  for (int kk = 0; kk < kPixels; ++kk) {
+    float a[T::kTM], b[T::kTN];
+    load_fours(a, sa + kk * T::kLdA);
+    load_fours(b, sb + kk * T::kLdB);
+#pragma unroll
+    for (int i = 0; i < T::kTM; ++i)
+#pragma unroll
+      for (int j = 0; j < T::kTN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+  }
+#pragma unroll
+  for (int i = 0; i < T::kTM; ++i)
+#pragma unroll
+    for (int j = 0; j < T::kTN; ++j) total[i][j] += acc[i][j];
+}
+
+// The thread's sums to its slice of `out` (as wgrad_store), four input
+// channels a store: C is a multiple of 4 (wgrad_fits) and so is every
+// column group's first.
+template <typename T>
+__device__ __forceinline__ void wgrad_ffma_store(const float (&total)[T::kTM][T::kTN],
+                                                 const ConvParams& p, const WgradBlock& b,
+                                                 float* __restrict__ out, int tm, int tn) {
+  const int64_t row_len = p.taps() * p.in_channels;  // R*S*C
+  float* slice = out + int64_t(blockIdx.y) * p.out_channels * row_len +
+                 (int64_t(b.r) * p.kernel_w + b.s) * p.in_channels;
+#pragma unroll
+  for (int i = 0; i < T::kTM; ++i) {
+    const int k = b.m0 + 64 * (i / 4) + 4 * tm + i % 4;
+    if (k >= p.out_channels) continue;
+#pragma unroll
+    for (int h = 0; h < T::kTN / 4; ++h) {
+      const int c = b.c0 + 64 * h + 4 * tn;
+      if (c >= p.in_channels) continue;
+      *reinterpret_cast<float4*>(slice + int64_t(k) * row_len + c) =
+          make_float4(total[i][4 * h], total[i][4 * h + 1], total[i][4 * h + 2],
+                      total[i][4 * h + 3]);
+    }
+  }
+}
+
+template <int BM, int BN>
+__global__ void __launch_bounds__(cfg::kThreads, 1)
+    wgrad_nhwc_ffma_kernel(const ConvParams p, const float* __restrict__ go,
+                           const float* __restrict__ x, float* __restrict__ out, int c_tiles,
+                           int tiles_per_split, int k_tiles) {
+  using T = FfmaTraits<BM, BN>;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int tm = threadIdx.x % 16, tn = threadIdx.x / 16;
+  const WgradBlock b = wgrad_block(p, BM, BN, c_tiles, tiles_per_split, k_tiles);
+  const int tiles = b.kt_end - b.kt_begin;
+  auto load = [&](int i) {
+    if (i < tiles)
+      wgrad_load<T>(smem + (i % T::kStages) * T::kStageElems, p, go, x, b, b.kt_begin + i);
+    cp_async_commit();  // empty groups too: the wait below counts groups
+  };
+  float total[T::kTM][T::kTN];
+#pragma unroll
+  for (int i = 0; i < T::kTM; ++i)
+#pragma unroll
+    for (int j = 0; j < T::kTN; ++j) total[i][j] = 0.f;
+#pragma unroll
+  for (int s = 0; s < T::kStages - 1; ++s) load(s);
+  for (int i = 0; i < tiles; ++i) {
+    cp_async_wait<T::kStages - 2>();
+    __syncthreads();  // tile i landed; every warp is done with tile i - 1's stage
+    load(i + T::kStages - 1);
+    wgrad_ffma_stage<T>(total, smem + (i % T::kStages) * T::kStageElems, tm, tn);
+  }
+  wgrad_ffma_store<T>(total, p, b, out, tm, tn);
+}
+
 // grad_w (float32, or 16-bit: then the sums land in a float32 copy of its
 // layout and are rounded once into it).
-template <int BM, int BN, typename E>
+template <int BM, int BN, typename E, bool kFfma = false>
 void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad_w) {
   const int64_t m_tiles = ceil_div(p.out_channels, BM);
   const int64_t c_tiles = ceil_div(p.in_channels, BN);
@@ -271,7 +386,7 @@ void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad
   const int64_t k_tiles = ceil_div(p.gemm_m(), kPixels);
   TORCH_CHECK(tiles < (int64_t(1) << 31) && k_tiles < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the channels_last wgrad");
-  const KSplit k = one_wave_k_split(tiles, k_tiles, cfg::kBlocksPerSm);
+  const KSplit k = one_wave_k_split(tiles, k_tiles, kFfma ? 1 : cfg::kBlocksPerSm);
   const int64_t numel = p.weight_numel();
   const at::TensorOptions f32 = grad_w.options().dtype(at::kFloat);
   // (grad_w's strides: channels_last, as the entry checked; poisoned as
@@ -282,6 +397,7 @@ void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad
   // One slice writes the sums itself; more write partial sums, added after.
   at::Tensor partial = k.splits > 1 ? at::empty({k.splits * numel}, f32) : sums;
   auto kernel = wgrad_nhwc_kernel<BM, BN, E>;
+  if constexpr (kFfma) kernel = wgrad_nhwc_ffma_kernel<BM, BN>;
   const size_t smem = static_cast<size_t>(wgrad_smem_bytes<BM, BN, E>());
   ensure_dynamic_smem(kernel, smem);
   kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(k.splits)), cfg::kThreads,
@@ -293,19 +409,19 @@ void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad
   if (!sums.is_same(grad_w)) grad_w.copy_(sums);
 }
 
-template <typename E>
+template <typename E, bool kFfma = false>
 void launch_wgrad_tiles(const ConvParams& p, const E* go, const E* x, at::Tensor& grad_w) {
   const bool wide_m = p.out_channels >= 128, wide_n = p.in_channels >= 128;
   // 128 x 128 tiles need more shared memory than sm_86/89/120 give a block.
   const bool fits_128 = wgrad_smem_bytes<128, 128, E>() <= max_block_smem_bytes(current_sm());
   if (wide_m && wide_n && fits_128) {
-    launch_wgrad<128, 128>(p, go, x, grad_w);
+    launch_wgrad<128, 128, E, kFfma>(p, go, x, grad_w);
   } else if (wide_m) {
-    launch_wgrad<128, 64>(p, go, x, grad_w);
+    launch_wgrad<128, 64, E, kFfma>(p, go, x, grad_w);
   } else if (wide_n) {
-    launch_wgrad<64, 128>(p, go, x, grad_w);
+    launch_wgrad<64, 128, E, kFfma>(p, go, x, grad_w);
   } else {
-    launch_wgrad<64, 64>(p, go, x, grad_w);
+    launch_wgrad<64, 64, E, kFfma>(p, go, x, grad_w);
   }
 }
 
@@ -332,6 +448,9 @@ void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at
     run(static_cast<__half*>(nullptr));
   } else if (t == at::kBFloat16) {
     run(static_cast<__nv_bfloat16*>(nullptr));
+  } else if (math_mode(t) == MathMode::kIEEE) {  // never TF32 products in IEEE mode
+    launch_wgrad_tiles<float, /*kFfma=*/true>(p, goa.data_ptr<float>(), xa.data_ptr<float>(),
+                                              grad_w);
   } else {
     run(static_cast<float*>(nullptr));
   }
