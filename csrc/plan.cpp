@@ -172,7 +172,8 @@ bool nhwc_engine_16bit(const ConvParams& p, Pass pass, int sm) {
 // cuDNN's FP32 there) on the engine's FFMA wgrad, where the option asks;
 // else the direct kernel's.
 bool nhwc_ieee_wgrad(const ConvParams& p) {
-  return option(Option::kNhwcIeeeWgrad) && short_wgrad(p) && igemm_nhwc::wgrad_fits(p);
+  return option(Option::kNhwcWgrad) && option(Option::kNhwcIeeeWgrad) && short_wgrad(p) &&
+         igemm_nhwc::wgrad_fits(p);
 }
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80) return false;
@@ -452,9 +453,9 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       // Forward tiles of 128 rows run on wgmma where this is 1 (the tile
       // itself depends on the GPU's multiprocessor count).
       out << " math="
-          << (!plan.native_16bit                        ? "tf32"
-              : input.scalar_type() == at::kBFloat16 ? "bf16"
-                                                      : "fp16");
+          << (plan.native_16bit ? (input.scalar_type() == at::kBFloat16 ? "bf16" : "fp16")
+              : plan.math == MathMode::kIEEE ? "ffma"
+                                             : "tf32");
       if (which != Pass::kWgrad) out << " wgmma=" << nhwc_wgmma(s);
       if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();
       break;

@@ -235,6 +235,7 @@ IEEE_WGRAD = {
 }
 
 
+@pytest.mark.default_wgrad_routing
 @cuda_only
 @pytest.mark.parametrize("case", sorted(IEEE_WGRAD))
 def test_ieee_short_wgrad_on_ffma(case):

@@ -78,6 +78,7 @@ __attribute__((always_inline)) inline V rotate_lanes(V v, std::integer_sequence<
 // adds.
 template <typename V, int kVL>
 __attribute__((always_inline)) inline float pairwise_lane_sum(V v) {
+  static_assert(kVL == 4 || kVL == 8 || kVL == 16, "the rotations below sum 4, 8 or 16 lanes");
   const auto lanes = std::make_integer_sequence<int, kVL>{};
   if constexpr (kVL >= 16) v += rotate_lanes<V, kVL, 8>(v, lanes);
   if constexpr (kVL >= 8) v += rotate_lanes<V, kVL, 4>(v, lanes);
