@@ -201,12 +201,9 @@ template <typename T>
 __attribute__((always_inline)) inline void store(float* at, vec<T> v) {
   *reinterpret_cast<typename T::vec_unaligned*>(at) = v;
 }
-// Lanes summed in order.
 template <typename T>
 __attribute__((always_inline)) inline float lane_sum(vec<T> v) {
-  float s = 0.f;
-  for (int l = 0; l < T::kVL; ++l) s += v[l];
-  return s;
+  return pairwise_lane_sum<vec<T>, T::kVL>(v);
 }
 
 // ---- fprop: a task is kRows output channels of one group, every pixel.

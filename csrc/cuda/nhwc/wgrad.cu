@@ -228,6 +228,28 @@ __device__ __forceinline__ void wgrad_store(const float (&acc)[T::kMT][T::kNT][4
   }
 }
 
+// Block b's K tiles through T::kStages shared-memory stages: the copies of
+// later tiles in flight while `consume(stage)` computes on the landed one.
+template <typename T, typename E, typename Consume>
+__device__ __forceinline__ void wgrad_mainloop(const ConvParams& p, const E* __restrict__ go,
+                                               const E* __restrict__ x, const WgradBlock& b,
+                                               E* smem, Consume&& consume) {
+  const int tiles = b.kt_end - b.kt_begin;
+  auto load = [&](int i) {
+    if (i < tiles)
+      wgrad_load<T>(smem + (i % T::kStages) * T::kStageElems, p, go, x, b, b.kt_begin + i);
+    cp_async_commit();  // empty groups too: the wait below counts groups
+  };
+#pragma unroll
+  for (int s = 0; s < T::kStages - 1; ++s) load(s);
+  for (int i = 0; i < tiles; ++i) {
+    cp_async_wait<T::kStages - 2>();
+    __syncthreads();  // tile i landed; every warp is done with tile i - 1's stage
+    load(i + T::kStages - 1);
+    consume(static_cast<const E*>(smem + (i % T::kStages) * T::kStageElems));
+  }
+}
+
 // Operands of type E; float32 sums in `out`.
 template <int BM, int BN, typename E>
 __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
@@ -239,27 +261,15 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int warp_m = warp % T::kWarpsM, warp_n = warp / T::kWarpsM;
   const WgradBlock b = wgrad_block(p, BM, BN, c_tiles, tiles_per_split, k_tiles);
-  const int tiles = b.kt_end - b.kt_begin;
-  auto load = [&](int i) {
-    if (i < tiles)
-      wgrad_load<T>(smem + (i % T::kStages) * T::kStageElems, p, go, x, b, b.kt_begin + i);
-    cp_async_commit();  // empty groups too: the wait below counts groups
-  };
   float acc[T::kMT][T::kNT][4];
   zero_fragments(acc);
-#pragma unroll
-  for (int s = 0; s < T::kStages - 1; ++s) load(s);
-  for (int i = 0; i < tiles; ++i) {
-    cp_async_wait<T::kStages - 2>();
-    __syncthreads();  // tile i landed; every warp is done with tile i - 1's stage
-    load(i + T::kStages - 1);
-    const E* stage = smem + (i % T::kStages) * T::kStageElems;
+  wgrad_mainloop<T>(p, go, x, b, smem, [&](const E* stage) {
     if constexpr (std::is_same_v<E, float>) {
       wgrad_mma_stage<T>(acc, stage, warp_m, warp_n, lane);
     } else {
       wgrad_mma_stage_16bit<T>(acc, stage, warp_m, warp_n, lane);
     }
-  }
+  });
   wgrad_store<T>(acc, p, b, out, warp_m, warp_n, lane);
 }
 
@@ -354,25 +364,13 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
   float* smem = reinterpret_cast<float*>(smem4);
   const int tm = threadIdx.x % 16, tn = threadIdx.x / 16;
   const WgradBlock b = wgrad_block(p, BM, BN, c_tiles, tiles_per_split, k_tiles);
-  const int tiles = b.kt_end - b.kt_begin;
-  auto load = [&](int i) {
-    if (i < tiles)
-      wgrad_load<T>(smem + (i % T::kStages) * T::kStageElems, p, go, x, b, b.kt_begin + i);
-    cp_async_commit();  // empty groups too: the wait below counts groups
-  };
   float total[T::kTM][T::kTN];
 #pragma unroll
   for (int i = 0; i < T::kTM; ++i)
 #pragma unroll
     for (int j = 0; j < T::kTN; ++j) total[i][j] = 0.f;
-#pragma unroll
-  for (int s = 0; s < T::kStages - 1; ++s) load(s);
-  for (int i = 0; i < tiles; ++i) {
-    cp_async_wait<T::kStages - 2>();
-    __syncthreads();  // tile i landed; every warp is done with tile i - 1's stage
-    load(i + T::kStages - 1);
-    wgrad_ffma_stage<T>(total, smem + (i % T::kStages) * T::kStageElems, tm, tn);
-  }
+  wgrad_mainloop<T>(p, go, x, b, smem,
+                    [&](const float* stage) { wgrad_ffma_stage<T>(total, stage, tm, tn); });
   wgrad_ffma_store<T>(total, p, b, out, tm, tn);
 }
 
