@@ -34,7 +34,7 @@ constexpr std::array<Entry, 20> kEntries{{
     {"cpu_avx2", true},
     {"nhwc_tf32_truncate", false},
     {"nhwc_16bit", true},
-    {"nhwc_ieee_wgrad", false},
+    {"nhwc_ieee_wgrad", true},
 }};
 static_assert(static_cast<int>(Option::kNhwcIeeeWgrad) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");

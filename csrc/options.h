@@ -67,9 +67,8 @@ enum class Option : int {
   // MMAs): the forward and dgrad on Hopper's wgmma forward, the wgrad on
   // sm_80+; off runs them on float32 copies, as every other kernel does.
   kNhwc16Bit,
-  // IEEE mode's short channels_last wgrad reductions (those the direct
-  // kernel takes otherwise) run the engine's FFMA wgrad (off until measured
-  // against the direct kernel and cuDNN's strict FP32).
+  // IEEE mode's short channels_last wgrad reductions (those 3xTF32 cannot
+  // serve) run the engine's FFMA wgrad; off sends them to the direct kernel.
   kNhwcIeeeWgrad,
 };
 

@@ -184,10 +184,10 @@ def test_on_this_gpu_the_report_agrees_with_the_algorithm_and_flat_layout(pass_,
 
 
 @pytest.mark.default_wgrad_routing
-def test_ieee_short_wgrad_runs_the_engine_on_ffma_only_when_asked(ieee):
+def test_ieee_short_wgrad_runs_the_engine_on_ffma(ieee):
     """IEEE mode's short channels_last wgrads (N*P*Q below 8192) run the
-    direct kernel unless the option nhwc_ieee_wgrad sends them to the
-    engine's FFMA wgrad; long ones and NCHW ones never go there."""
+    engine's FFMA wgrad, or the direct kernel with the option
+    nhwc_ieee_wgrad off; long ones and NCHW ones never go there."""
     def cl_kernel(x_shape, w_shape, **kw):
         x = torch.empty(x_shape, device="meta").to(memory_format=torch.channels_last)
         w = torch.empty(w_shape, device="meta").to(memory_format=torch.channels_last)
@@ -195,7 +195,9 @@ def test_ieee_short_wgrad_runs_the_engine_on_ffma_only_when_asked(ieee):
 
     short = ((8, 256, 7, 7), (256, 256, 3, 3))  # 392 products a weight
     long = ((8, 64, 56, 56), (64, 64, 3, 3))  # 25088
-    assert words(cl_kernel(*short))[0] == "direct"
+    assert words(cl_kernel(*short)) == ("implicit_gemm_nhwc", {"math": "ffma"})  # the default
+    with option("nhwc_ieee_wgrad", False):
+        assert words(cl_kernel(*short))[0] == "direct"
     with option("nhwc_ieee_wgrad", True):
         assert words(cl_kernel(*short)) == ("implicit_gemm_nhwc", {"math": "ffma"})
         assert words(cl_kernel(*long))[0] != "implicit_gemm_nhwc"

@@ -226,12 +226,17 @@ def test_wgrad_against_float64(case):
 
 # IEEE mode's short wgrad reductions (N*P*Q below 8192) on the engine's FFMA
 # wgrad (option nhwc_ieee_wgrad): 128 x 128 tiles with a K split, 128 x 64
-# and 64 x 64 tiles partial in M and N, a strided 1x1 layer.
+# and 64 x 64 tiles partial in M and N, a strided 1x1 layer; sums in runs
+# of 8 pixels (slices of one K tile: tiny, partial_64x64, 1x1_s2), of 16
+# (slices of five) and of a whole tile (long_slices: 7840 pixels in 16
+# slices of 16 tiles, more slices than one wave of blocks needs).
 IEEE_WGRAD = {
     "r50_3x3_7x7": (8, 256, 7, 7, 256, 3, 3, 1, 1, 1),
     "partial_128x64": (3, 72, 13, 11, 136, 3, 3, 1, 1, 1),
     "partial_64x64": (2, 20, 9, 10, 44, 3, 5, 1, (1, 2), 1),
     "1x1_s2": (4, 128, 27, 27, 256, 1, 1, 2, 0, 1),
+    "tiny": (2, 16, 6, 8, 32, 3, 3, 1, 1, 1),
+    "long_slices": (40, 64, 14, 14, 64, 3, 3, 1, 1, 1),
 }
 
 
@@ -249,8 +254,8 @@ def test_ieee_short_wgrad_on_ffma(case):
     with tf32_mode(False):
         with option("nhwc_ieee_wgrad", False):
             assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "direct"
+        assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "implicit_gemm_nhwc"
         with option("nhwc_ieee_wgrad", True):
-            assert ops._algorithm("backward_weight", *_args(x, w, kw)) == "implicit_gemm_nhwc"
             y = conv2d_ext.conv2d(x, w, None, **kw)
             gy = torch.randn_like(y)
             args = (gy, x, list(w.shape), *_args(x, w, kw)[2:])
@@ -259,7 +264,7 @@ def test_ieee_short_wgrad_on_ffma(case):
         gw_cudnn = torch.nn.grad.conv2d_weight(x, w.shape, gy, stride, padding, dilation)
     assert gw.stride() == w.stride()
     assert torch.equal(gw, gw2), "not bitwise reproducible"
-    _, _, gw64, _ = reference(x, w, None, stride, padding, dilation, 1, grad_out=gy)
+    gw64 = reference(x, w, None, stride, padding, dilation, 1, grad_out=gy)[2]
     pixels = y.shape[0] * y.shape[2] * y.shape[3]
     assert rel_err(gw, gw64) <= tolerance(torch.float32, "ieee", pixels)
     ours, cudnn = rel_err(gw, gw64), rel_err(gw_cudnn, gw64)

@@ -280,9 +280,11 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 // weights: rows tm*4 .. tm*4+3 of every 64-row half of the M tile, columns
 // likewise in N, so that a k step's operands are float4 reads of the
 // staged [pixel][channel] rows, 16 distinct per warp (broadcast to the
-// rest). Products are exact (FFMA); each K tile's 32 are summed from zero
-// and then added to the thread's total, so no float32 chain runs past 32
-// terms before the slices' ordered reduction.
+// rest). Products are exact (FFMA). A thread sums its products in runs of
+// `run` pixels from zero, each added to its total; slices end there and
+// reduce_splits adds them in double. The error of such a two-level sum
+// grows like run + (the slice's pixels / run), so the launcher caps a
+// slice's K tiles and picks the run from them (ffma_k_split, ffma_run).
 template <int BM, int BN>
 struct FfmaTraits : WgradTraits<BM, BN, float> {
   static constexpr int kTM = BM / 16, kTN = BN / 16;
@@ -305,28 +307,30 @@ __device__ __forceinline__ void load_fours(float (&v)[kCount], const float* at) 
 
 template <typename T>
 __device__ __forceinline__ void wgrad_ffma_stage(float (&total)[T::kTM][T::kTN],
-                                                 const float* stage, int tm, int tn) {
+                                                 const float* stage, int tm, int tn, int run) {
   const float* sa = stage + 4 * tm;
   const float* sb = stage + kPixels * T::kLdA + 4 * tn;
-  float acc[T::kTM][T::kTN];
-#pragma unroll
-  for (int i = 0; i < T::kTM; ++i)
-#pragma unroll
-    for (int j = 0; j < T::kTN; ++j) acc[i][j] = 0.f;
-#pragma unroll 4
-  for (int kk = 0; kk < kPixels; ++kk) {
-    float a[T::kTM], b[T::kTN];
-    load_fours(a, sa + kk * T::kLdA);
-    load_fours(b, sb + kk * T::kLdB);
+  for (int k0 = 0; k0 < kPixels; k0 += run) {
+    float acc[T::kTM][T::kTN];
 #pragma unroll
     for (int i = 0; i < T::kTM; ++i)
 #pragma unroll
-      for (int j = 0; j < T::kTN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+      for (int j = 0; j < T::kTN; ++j) acc[i][j] = 0.f;
+#pragma unroll 4
+    for (int kk = k0; kk < k0 + run; ++kk) {
+      float a[T::kTM], b[T::kTN];
+      load_fours(a, sa + kk * T::kLdA);
+      load_fours(b, sb + kk * T::kLdB);
+#pragma unroll
+      for (int i = 0; i < T::kTM; ++i)
+#pragma unroll
+        for (int j = 0; j < T::kTN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kTM; ++i)
+#pragma unroll
+      for (int j = 0; j < T::kTN; ++j) total[i][j] += acc[i][j];
   }
-#pragma unroll
-  for (int i = 0; i < T::kTM; ++i)
-#pragma unroll
-    for (int j = 0; j < T::kTN; ++j) total[i][j] += acc[i][j];
 }
 
 // The thread's sums to its slice of `out` (as wgrad_store), four input
@@ -358,7 +362,7 @@ template <int BM, int BN>
 __global__ void __launch_bounds__(cfg::kThreads, 1)
     wgrad_nhwc_ffma_kernel(const ConvParams p, const float* __restrict__ go,
                            const float* __restrict__ x, float* __restrict__ out, int c_tiles,
-                           int tiles_per_split, int k_tiles) {
+                           int tiles_per_split, int k_tiles, int run) {
   using T = FfmaTraits<BM, BN>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -370,8 +374,33 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
 #pragma unroll
     for (int j = 0; j < T::kTN; ++j) total[i][j] = 0.f;
   wgrad_mainloop<T>(p, go, x, b, smem,
-                    [&](const float* stage) { wgrad_ffma_stage<T>(total, stage, tm, tn); });
+                    [&](const float* stage) { wgrad_ffma_stage<T>(total, stage, tm, tn, run); });
   wgrad_ffma_store<T>(total, p, b, out, tm, tn);
+}
+
+// The FFMA wgrad's K split: one wave of blocks (one a SM), but no slice
+// longer than kFfmaMaxSliceTiles K tiles while the partial sums stay within
+// kFfmaMaxPartials floats; more slices shorten the float32 sums, and
+// reduce_splits adds the slices in double.
+constexpr int64_t kFfmaMaxSliceTiles = 16;
+constexpr int64_t kFfmaMaxPartials = int64_t(1) << 25;
+inline KSplit ffma_k_split(int64_t tiles, int64_t k_tiles, int64_t numel) {
+  KSplit k = one_wave_k_split(tiles, k_tiles, 1);
+  const int64_t room = std::max<int64_t>(1, kFfmaMaxPartials / numel);
+  const int64_t splits =
+      std::min({ceil_div(k_tiles, kFfmaMaxSliceTiles), room, kMaxGridYZ});
+  if (splits > k.splits) {
+    k.tiles_per_split = ceil_div(k_tiles, splits);
+    k.splits = ceil_div(k_tiles, k.tiles_per_split);
+  }
+  return k;
+}
+// A thread's run of pixels summed from zero: with t K tiles of kPixels in
+// its slice, the float32 error grows like run + t * kPixels / run, least
+// near run = sqrt(t * kPixels): 8 for at most three tiles, then 16, and a
+// whole tile for sixteen.
+inline int ffma_run(int64_t tiles_per_split) {
+  return tiles_per_split <= 3 ? 8 : tiles_per_split < 16 ? 16 : kPixels;
 }
 
 // grad_w (float32, or 16-bit: then the sums land in a float32 copy of its
@@ -384,8 +413,9 @@ void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad
   const int64_t k_tiles = ceil_div(p.gemm_m(), kPixels);
   TORCH_CHECK(tiles < (int64_t(1) << 31) && k_tiles < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the channels_last wgrad");
-  const KSplit k = one_wave_k_split(tiles, k_tiles, kFfma ? 1 : cfg::kBlocksPerSm);
   const int64_t numel = p.weight_numel();
+  const KSplit k = kFfma ? ffma_k_split(tiles, k_tiles, numel)
+                         : one_wave_k_split(tiles, k_tiles, cfg::kBlocksPerSm);
   const at::TensorOptions f32 = grad_w.options().dtype(at::kFloat);
   // (grad_w's strides: channels_last, as the entry checked; poisoned as
   // outputs are, where the option asks.)
@@ -394,14 +424,20 @@ void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad
                         : empty_output(grad_w.sizes(), f32, at::MemoryFormat::ChannelsLast);
   // One slice writes the sums itself; more write partial sums, added after.
   at::Tensor partial = k.splits > 1 ? at::empty({k.splits * numel}, f32) : sums;
-  auto kernel = wgrad_nhwc_kernel<BM, BN, E>;
-  if constexpr (kFfma) kernel = wgrad_nhwc_ffma_kernel<BM, BN>;
   const size_t smem = static_cast<size_t>(wgrad_smem_bytes<BM, BN, E>());
-  ensure_dynamic_smem(kernel, smem);
-  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(k.splits)), cfg::kThreads,
-           smem, at::cuda::getCurrentCUDAStream()>>>(
-      p, go, x, partial.data_ptr<float>(), static_cast<int>(c_tiles),
-      static_cast<int>(k.tiles_per_split), static_cast<int>(k_tiles));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(k.splits));
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const int ct = static_cast<int>(c_tiles), tps = static_cast<int>(k.tiles_per_split),
+            kt = static_cast<int>(k_tiles);
+  if constexpr (kFfma) {
+    ensure_dynamic_smem(wgrad_nhwc_ffma_kernel<BM, BN>, smem);
+    wgrad_nhwc_ffma_kernel<BM, BN><<<grid, cfg::kThreads, smem, stream>>>(
+        p, go, x, partial.data_ptr<float>(), ct, tps, kt, ffma_run(k.tiles_per_split));
+  } else {
+    ensure_dynamic_smem(wgrad_nhwc_kernel<BM, BN, E>, smem);
+    wgrad_nhwc_kernel<BM, BN, E><<<grid, cfg::kThreads, smem, stream>>>(
+        p, go, x, partial.data_ptr<float>(), ct, tps, kt);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (k.splits > 1) reduce_splits<float>(partial, sums, numel, static_cast<int>(k.splits));
   if (!sums.is_same(grad_w)) grad_w.copy_(sums);
