@@ -228,8 +228,9 @@ def test_wgrad_against_float64(case):
 # wgrad (option nhwc_ieee_wgrad): 128 x 128 tiles with a K split, 128 x 64
 # and 64 x 64 tiles partial in M and N, a strided 1x1 layer; sums in runs
 # of 8 pixels (slices of one K tile: tiny, partial_64x64, 1x1_s2), of 16
-# (slices of five) and of a whole tile (long_slices: 7840 pixels in 16
-# slices of 16 tiles, more slices than one wave of blocks needs).
+# (slices of 5 tiles) and of a whole tile (long_slices: 18); more slices
+# than one wave of blocks needs (slices_past_a_wave: one wave's three
+# would each sum 33 K tiles).
 IEEE_WGRAD = {
     "r50_3x3_7x7": (8, 256, 7, 7, 256, 3, 3, 1, 1, 1),
     "partial_128x64": (3, 72, 13, 11, 136, 3, 3, 1, 1, 1),
@@ -237,6 +238,7 @@ IEEE_WGRAD = {
     "1x1_s2": (4, 128, 27, 27, 256, 1, 1, 2, 0, 1),
     "tiny": (2, 16, 6, 8, 32, 3, 3, 1, 1, 1),
     "long_slices": (40, 64, 14, 14, 64, 3, 3, 1, 1, 1),
+    "slices_past_a_wave": (16, 256, 14, 14, 256, 3, 3, 1, 1, 1),
 }
 
 

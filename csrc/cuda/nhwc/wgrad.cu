@@ -378,27 +378,37 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
   wgrad_ffma_store<T>(total, p, b, out, tm, tn);
 }
 
-// The FFMA wgrad's K split: one wave of blocks (one a SM), but no slice
-// longer than kFfmaMaxSliceTiles K tiles while the partial sums stay within
-// kFfmaMaxPartials floats; more slices shorten the float32 sums, and
-// reduce_splits adds the slices in double.
-constexpr int64_t kFfmaMaxSliceTiles = 16;
+// The FFMA wgrad's K split. Slices of at most kFfmaMaxSliceTiles K tiles
+// keep the float32 sums short (reduce_splits adds the slices in double);
+// beyond that, the count of slices whose time is least: waves of blocks
+// (one a SM; a partial last wave costs a whole one) times a slice's tiles,
+// plus the partial sums written and read back, where a K tile step of a
+// block takes about as long as kPartialFloatsPerStep floats of them. The
+// partial sums stay within kFfmaMaxPartials floats.
+constexpr int64_t kFfmaMaxSliceTiles = 32;
 constexpr int64_t kFfmaMaxPartials = int64_t(1) << 25;
+constexpr double kPartialFloatsPerStep = double(1 << 21);
 inline KSplit ffma_k_split(int64_t tiles, int64_t k_tiles, int64_t numel) {
-  KSplit k = one_wave_k_split(tiles, k_tiles, 1);
-  const int64_t room = std::max<int64_t>(1, kFfmaMaxPartials / numel);
-  const int64_t splits =
-      std::min({ceil_div(k_tiles, kFfmaMaxSliceTiles), room, kMaxGridYZ});
-  if (splits > k.splits) {
-    k.tiles_per_split = ceil_div(k_tiles, splits);
+  const KSplit wave = one_wave_k_split(tiles, k_tiles, 1);
+  const int64_t slots = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t first = std::max(wave.splits, ceil_div(k_tiles, kFfmaMaxSliceTiles));
+  const int64_t last = std::min({first + 64, k_tiles, kFfmaMaxPartials / numel, kMaxGridYZ});
+  KSplit best = wave;
+  double best_cost = -1;
+  for (int64_t s = first; s <= last; ++s) {
+    KSplit k;
+    k.tiles_per_split = ceil_div(k_tiles, s);
     k.splits = ceil_div(k_tiles, k.tiles_per_split);
+    const double steps = double(ceil_div(tiles * k.splits, slots) * k.tiles_per_split);
+    const double cost = steps + (k.splits > 1 ? k.splits * numel / kPartialFloatsPerStep : 0.0);
+    if (best_cost < 0 || cost < best_cost) best = k, best_cost = cost;
   }
-  return k;
+  return best;
 }
 // A thread's run of pixels summed from zero: with t K tiles of kPixels in
 // its slice, the float32 error grows like run + t * kPixels / run, least
 // near run = sqrt(t * kPixels): 8 for at most three tiles, then 16, and a
-// whole tile for sixteen.
+// whole tile from sixteen.
 inline int ffma_run(int64_t tiles_per_split) {
   return tiles_per_split <= 3 ? 8 : tiles_per_split < 16 ? 16 : kPixels;
 }
