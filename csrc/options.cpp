@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 20> kEntries{{
+constexpr std::array<Entry, 21> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -35,8 +35,9 @@ constexpr std::array<Entry, 20> kEntries{{
     {"nhwc_tf32_truncate", false},
     {"nhwc_16bit", true},
     {"nhwc_ieee_wgrad", true},
+    {"nhwc_copies", false},
 }};
-static_assert(static_cast<int>(Option::kNhwcIeeeWgrad) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcCopies) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

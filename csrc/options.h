@@ -70,6 +70,10 @@ enum class Option : int {
   // IEEE mode's short channels_last wgrad reductions (those 3xTF32 cannot
   // serve) run the engine's FFMA wgrad; off sends them to the direct kernel.
   kNhwcIeeeWgrad,
+  // NCHW calls may run the channels_last engine on channels_last copies of
+  // their operands, the result copied back, where the plan expects the NCHW
+  // kernels to lose (plan.cpp, nhwc_on_copies); off until measured.
+  kNhwcCopies,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

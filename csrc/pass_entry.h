@@ -24,6 +24,11 @@
 
 namespace conv2d_ext {
 
+// The channels_last kernels: nhwc(params, dtype, channels_last) says
+// whether they run the call. For a channels_last result they read the
+// operands as given (in that format); for an NCHW one, channels_last
+// copies of them, and the result is copied back (nhwc_on_copies).
+//
 // A result of `sizes` in `format`: run(out) writes a contiguous (NCHW) one,
 // which a channels_last result is then copied from. Not run when empty.
 template <typename Run>
@@ -45,10 +50,30 @@ at::Tensor nchw_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
   return result;
 }
 
-// launch(params, x, w, bias_or_undefined, y, nhwc). Where the result is
-// channels_last and nhwc(params, dtype) says a channels_last kernel takes
-// the call with operands of that dtype, x, w and y are channels_last (nhwc
-// true); otherwise contiguous NCHW, float32 for 16-bit operands.
+// The same with run(out) writing a channels_last one, for a result in
+// `format` (an NCHW result copied from it: the channels_last kernels on
+// copies).
+template <typename Run>
+at::Tensor nhwc_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
+                       at::MemoryFormat format, Run&& run) {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  if (format == kCl) {
+    at::Tensor out = empty_output(sizes, opts, kCl);
+    if (out.numel() > 0) run(out);
+    return out;
+  }
+  at::Tensor result = at::empty(sizes, opts.memory_format(format));
+  if (result.numel() == 0) return result;
+  at::Tensor out = empty_output(sizes, opts, kCl);
+  run(out);
+  result.copy_(out);
+  return result;
+}
+
+// launch(params, x, w, bias_or_undefined, y, nhwc). Where nhwc(params,
+// dtype, channels_last result) says a channels_last kernel takes the call
+// with operands of that dtype, x, w and y are channels_last (nhwc true);
+// otherwise contiguous NCHW, float32 for 16-bit operands.
 template <typename Nhwc, typename Launch>
 at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias, c10::IntArrayRef stride,
@@ -60,7 +85,7 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
   const c10::DeviceGuard guard(input.device());
   const at::MemoryFormat format = result_memory_format(input, weight);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  const bool cl = format == kCl && nhwc(p, input.scalar_type());
+  const bool cl = nhwc(p, input.scalar_type(), format == kCl);
   if (is_16bit(input.scalar_type()) && !cl) {
     const c10::optional<at::Tensor> bias32 =
         has_bias ? c10::optional<at::Tensor>(bias->to(at::kFloat)) : c10::nullopt;
@@ -71,9 +96,9 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
   const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
   const std::vector<int64_t> sizes{p.batch, p.out_channels, p.out_h, p.out_w};
   if (cl) {
-    at::Tensor y = empty_output(sizes, input.options(), kCl);
-    if (y.numel() > 0) launch(p, input.contiguous(kCl), weight.contiguous(kCl), b, y, true);
-    return y;
+    return nhwc_result(sizes, input.options(), format, [&](at::Tensor& y) {
+      launch(p, input.contiguous(kCl), weight.contiguous(kCl), b, y, true);
+    });
   }
   return nchw_result(sizes, input.options(), format, [&](at::Tensor& y) {
     launch(p, input.contiguous(), weight.contiguous(), b, y, false);
@@ -89,7 +114,7 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
                        Launch&& launch) {
   return fprop_entry(
       input, weight, bias, stride, padding, dilation, groups,
-      [](const ConvParams&, at::ScalarType) { return false; },
+      [](const ConvParams&, at::ScalarType, bool) { return false; },
       [&](const ConvParams& p, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
           at::Tensor& y, bool) { launch(p, x, w, b, y); });
 }
@@ -106,16 +131,16 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
   const c10::DeviceGuard guard(grad_output.device());
   const at::MemoryFormat format = result_memory_format(grad_output, weight);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  const bool cl = format == kCl && nhwc(p, grad_output.scalar_type());
+  const bool cl = nhwc(p, grad_output.scalar_type(), format == kCl);
   if (is_16bit(grad_output.scalar_type()) && !cl) {
     return dgrad_entry(grad_output.to(at::kFloat), weight.to(at::kFloat), input_size, stride,
                        padding, dilation, groups, nhwc, launch)
         .to(grad_output.scalar_type());
   }
   if (cl) {
-    at::Tensor grad_in = empty_output(input_size, grad_output.options(), kCl);
-    if (grad_in.numel() > 0) launch(p, grad_output.contiguous(kCl), weight, grad_in, true);
-    return grad_in;
+    return nhwc_result(input_size, grad_output.options(), format, [&](at::Tensor& grad_in) {
+      launch(p, grad_output.contiguous(kCl), weight, grad_in, true);
+    });
   }
   return nchw_result(input_size, grad_output.options(), format, [&](at::Tensor& grad_in) {
     launch(p, grad_output.contiguous(), weight.contiguous(), grad_in, false);
@@ -130,7 +155,7 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
                        Launch&& launch) {
   return dgrad_entry(
       grad_output, weight, input_size, stride, padding, dilation, groups,
-      [](const ConvParams&, at::ScalarType) { return false; },
+      [](const ConvParams&, at::ScalarType, bool) { return false; },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& w, at::Tensor& gi,
           bool) { launch(p, go, w, gi); });
 }
@@ -148,18 +173,16 @@ at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
   // The weight's own format is the autograd node's to match (autograd.cpp).
   const at::MemoryFormat format = result_memory_format(grad_output, input);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  const bool cl = format == kCl && p.gemm_m() > 0 && nhwc(p, grad_output.scalar_type());
+  const bool cl = p.gemm_m() > 0 && nhwc(p, grad_output.scalar_type(), format == kCl);
   if (is_16bit(grad_output.scalar_type()) && !cl) {
     return wgrad_entry(grad_output.to(at::kFloat), input.to(at::kFloat), weight_size, stride,
                        padding, dilation, groups, nhwc, launch)
         .to(grad_output.scalar_type());
   }
   if (cl) {
-    at::Tensor grad_w = empty_output(weight_size, grad_output.options(), kCl);
-    if (grad_w.numel() > 0) {
+    return nhwc_result(weight_size, grad_output.options(), format, [&](at::Tensor& grad_w) {
       launch(p, grad_output.contiguous(kCl), input.contiguous(kCl), grad_w, true);
-    }
-    return grad_w;
+    });
   }
   return nchw_result(weight_size, grad_output.options(), format, [&](at::Tensor& grad_w) {
     if (p.gemm_m() == 0) {
@@ -178,7 +201,7 @@ at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
                        Launch&& launch) {
   return wgrad_entry(
       grad_output, input, weight_size, stride, padding, dilation, groups,
-      [](const ConvParams&, at::ScalarType) { return false; },
+      [](const ConvParams&, at::ScalarType, bool) { return false; },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::Tensor& gw,
           bool) { launch(p, go, x, gw); });
 }

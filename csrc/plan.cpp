@@ -288,7 +288,10 @@ std::string algorithm(const std::string& pass, const at::Tensor& input,
                                          padding, dilation, groups);
   const bool channels_last =
       result_memory_format(input, weight) == at::MemoryFormat::ChannelsLast;
-  return to_string(choose_plan(p, to_pass(pass), input.scalar_type(), sm, channels_last).algo);
+  const Pass which = to_pass(pass);
+  const bool copies = !channels_last && sm != 0 && nhwc_on_copies(p, which, input.scalar_type(), sm);
+  return to_string(
+      choose_plan(p, which, input.scalar_type(), sm, channels_last || copies).algo);
 }
 
 namespace {
@@ -400,6 +403,57 @@ bool nhwc_engine_takes(const ConvParams& p, Pass pass, at::ScalarType dtype, int
   return plan.algo == Algo::kImplicitGemmNhwc && (plan.native_16bit || !is_16bit(dtype));
 }
 
+namespace {
+// NCHW kernels against the engine on copies (nhwc_on_copies). The NCHW
+// tensor-core kernels other than the flat one tile one image's plane: on
+// small planes their tiles run mostly empty, where the engine's span
+// images; the mma.sync wgrad splits K over one image's pixels; the direct
+// kernel (IEEE mode's short wgrads) and the strided dgrad's phases are
+// slower still. The copies read and write every activation once more,
+// which the flat forward and dgrad, the sm_90 wgrad and the few-channel
+// kernels on large planes do not repay. The plane bounds follow the
+// benchmark's ResNet-50 layers in TF32 (docs/kernels.md).
+constexpr int64_t kCopiesSmallPlane = 64;    // outputs of at most 8 x 8
+constexpr int64_t kCopiesStridedPlane = 256;  // strided forwards: 16 x 16
+// 16-bit operands run float32 copies on the NCHW kernels anyway; copies in
+// their own type to the engine's 16-bit MMAs win but on the largest planes.
+constexpr int64_t kCopies16BitPlane = 112 * 112;
+
+// The plane of `pass`'s result: output pixels of the forward and wgrad's
+// reduction, input pixels of dgrad.
+int64_t result_plane(const ConvParams& p, Pass pass) {
+  return pass == Pass::kDgrad ? p.in_h * p.in_w : p.out_h * p.out_w;
+}
+
+bool nchw_loses_to_engine(const ConvParams& p, Pass pass, Algo nchw) {
+  switch (nchw) {
+    case Algo::kDirect:
+    case Algo::kImplicitGemm:
+    case Algo::kDgradPhases:
+      return true;
+    case Algo::kImplicitGemmSm90: {
+      if (pass == Pass::kWgrad) return false;
+      const int64_t plane = result_plane(p, pass);
+      const bool one_by_one = p.kernel_h == 1 && p.kernel_w == 1;
+      const bool strided = p.stride_h > 1 || p.stride_w > 1;
+      return one_by_one || plane <= kCopiesSmallPlane ||
+             (pass == Pass::kFprop && strided && plane <= kCopiesStridedPlane);
+    }
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+bool nhwc_on_copies(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm) {
+  // Weighed on Hopper only.
+  if (!option(Option::kNhwcCopies) || sm < 90 || !nhwc_engine_takes(p, pass, dtype, sm)) {
+    return false;
+  }
+  if (is_16bit(dtype)) return result_plane(p, pass) <= kCopies16BitPlane;
+  return nchw_loses_to_engine(p, pass, choose_plan(p, pass, dtype, sm).algo);
+}
+
 bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
   if (is_16bit(dtype)) return false;  // float32 copies, in whichever format
   const Algo algo = choose_plan(p, pass, dtype, /*sm=*/0, /*channels_last=*/true).algo;
@@ -429,9 +483,11 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
   const int s = static_cast<int>(sm);
   const bool channels_last =
       result_memory_format(input, weight) == at::MemoryFormat::ChannelsLast;
-  const Plan plan = choose_plan(p, which, input.scalar_type(), s, channels_last);
+  const bool copies = !channels_last && s != 0 && nhwc_on_copies(p, which, input.scalar_type(), s);
+  const Plan plan = choose_plan(p, which, input.scalar_type(), s, channels_last || copies);
   std::ostringstream out;
   out << to_string(plan.algo);
+  if (copies) out << " copies=channels_last";
   // What the kernels read: 16-bit operands natively or as float32 copies.
   const at::ScalarType dtype =
       is_16bit(input.scalar_type()) && !plan.native_16bit ? at::kFloat : input.scalar_type();

@@ -107,9 +107,16 @@ bool nhwc_wide_tiles(int sm);
 // 16-bit ones natively) rather than on NCHW kernels or float32 copies.
 bool nhwc_engine_takes(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 
+// Whether an NCHW call of `pass` (its result NCHW) runs the channels_last
+// engine on channels_last copies of its operands, the result copied back
+// (Option::kNhwcCopies): where the engine takes such operands and the NCHW
+// kernel the plan would pick is expected to lose by more than the copies.
+bool nhwc_on_copies(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 // `channels_last`: the result is channels_last (result_memory_format), so
-// the channels_last engine may take the call.
+// the channels_last engine may take the call. (The kernel for operands in
+// those layouts: an NCHW call on copies, nhwc_on_copies, is the entries'.)
 Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
                  bool channels_last = false);
 

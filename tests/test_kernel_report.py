@@ -206,3 +206,32 @@ def test_ieee_short_wgrad_runs_the_engine_on_ffma(ieee):
             assert words(cl_kernel(*short))[0] == "direct"
     with tf32_mode(True):
         assert words(cl_kernel(*short)) == ("implicit_gemm_nhwc", {"math": "tf32"})
+
+
+@pytest.mark.default_wgrad_routing
+def test_nchw_calls_run_the_engine_on_copies_only_when_asked():
+    """Option nhwc_copies: NCHW calls whose NCHW kernel loses to the engine
+    (here the mma.sync wgrad of a 14x14 stride-2 projection in TF32 mode,
+    a bfloat16 wgrad, IEEE mode's short wgrad) run it on channels_last
+    copies on sm_90, reported as copies=channels_last; never below sm_90, never where the engine does not take the operands
+    (the RGB stem, IEEE mode's forward), never with the option off."""
+    proj = ((32, 1024, 14, 14), (2048, 1024, 1, 1))
+    short = ((8, 256, 7, 7), (256, 256, 3, 3))
+
+    def report(pass_, shapes, dtype=torch.float32, sm=90, **kw):
+        return words(kernel(pass_, *shapes, sm=sm, dtype=dtype, **kw))
+
+    with tf32_mode(True):
+        assert "copies" not in report("backward_weight", proj, stride=2)[1]
+        with option("nhwc_copies", True):
+            assert report("backward_weight", proj, stride=2) == (
+                "implicit_gemm_nhwc", {"copies": "channels_last", "math": "tf32"})
+            assert report("backward_weight", proj, dtype=torch.bfloat16, stride=2) == (
+                "implicit_gemm_nhwc", {"copies": "channels_last", "math": "bf16"})
+            assert "copies" not in report("backward_weight", proj, sm=80, stride=2)[1]
+            assert report("forward", ((2, 3, 224, 224), (64, 3, 7, 7)), stride=2,
+                          padding=3)[0] != "implicit_gemm_nhwc"
+    with tf32_mode(False), option("nhwc_copies", True):
+        assert report("backward_weight", short, padding=1) == (
+            "implicit_gemm_nhwc", {"copies": "channels_last", "math": "ffma"})
+        assert "copies" not in report("forward", short, padding=1)[1]

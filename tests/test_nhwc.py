@@ -273,6 +273,61 @@ def test_ieee_short_wgrad_on_ffma(case):
     assert ours <= cudnn, f"relative error {ours:.3g} against cuDNN's {cudnn:.3g}"
 
 
+# NCHW calls on the engine through channels_last copies (option
+# nhwc_copies): the strided forward (a small output plane) and dgrad (its
+# phases), float32 in TF32 mode and bfloat16; IEEE mode's short wgrad (the
+# FFMA kernel). Which pass goes there is the plan's; each that does must
+# give the channels_last call's bits in NCHW.
+COPIES = [("3x3_stride2", torch.float32, True), ("3x3_stride2", torch.bfloat16, True),
+          ("1x1_stride2", torch.float32, True), ("r50_3x3_7x7_plane", torch.float32, False)]
+
+
+@pytest.mark.default_wgrad_routing  # IEEE mode's short wgrads as users get them
+@cuda_only
+@pytest.mark.parametrize("case, dtype, tf32", COPIES,
+                         ids=["3x3_stride2-f32", "3x3_stride2-bf16", "1x1_stride2-f32",
+                              "r50_3x3_7x7_plane-ieee"])
+def test_nchw_calls_run_the_engine_on_channels_last_copies(case, dtype, tf32):
+    """With the option on, an NCHW call the plan sends to the engine reports
+    copies=channels_last, launches the engine's kernels, returns NCHW
+    results (grad_weight in the weight's format) and equals the same call on
+    channels_last operands bitwise; with it off, no pass goes there."""
+    x, w, b, kw = _operands(case)
+    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+    xn, wn = x.contiguous(), w.contiguous()
+    major, minor = torch.cuda.get_device_capability()
+    passes = ("forward", "backward_input", "backward_weight")
+
+    def run(xx, ww, gy=None):
+        xg, wg, bg = (t.detach().clone().requires_grad_() for t in (xx, ww, b))
+        y = conv2d_ext.conv2d(xg, wg, bg, **kw)
+        gy = torch.randn_like(y) if gy is None else gy
+        return (y, *torch.autograd.grad(y, [xg, wg], gy)), gy
+
+    with tf32_mode(tf32):
+        reports = [ops._kernel(p, *_args(xn, wn, kw), 10 * major + minor) for p in passes]
+        assert not any("copies=" in r for r in reports), reports
+        with option("nhwc_copies", True):
+            reports = [ops._kernel(p, *_args(xn, wn, kw), 10 * major + minor) for p in passes]
+            copies = ["copies=channels_last" in r for r in reports]
+            for r, c in zip(reports, copies):
+                assert c == r.startswith("implicit_gemm_nhwc"), r
+            if major >= 9:
+                assert any(copies), reports
+            names = cuda_kernel_names(lambda: run(xn, wn))
+            assert any("nhwc" in n for n in names) == any(copies), names
+            ours, gy = run(xn, wn)
+        theirs, _ = run(x, w, gy.contiguous(memory_format=CL))
+    for name, got, cl, c in zip(passes, ours, theirs, copies):
+        assert got.is_contiguous(), (name, got.stride())
+        if c:
+            assert torch.equal(got, cl), f"{name}: not the channels_last call's result"
+    _, _, gw64, _ = reference(xn, wn, b, kw["stride"], kw["padding"], kw["dilation"], 1,
+                              grad_out=gy)
+    pixels = gy.shape[0] * gy.shape[2] * gy.shape[3]
+    assert rel_err(ours[2], gw64) <= tolerance(dtype, "tf32" if tf32 else "ieee", pixels)
+
+
 @cuda_only
 def test_wgrad_switched_off_runs_the_nchw_kernels_on_copies():
     x, w, b, kw = _operands("wide_128x128")

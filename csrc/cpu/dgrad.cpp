@@ -126,8 +126,8 @@ at::Tensor conv2d_backward_input_cpu(const at::Tensor& grad_output,
   // A channels_last grad_input of the blocked, packed-group, few-pixel or
   // depthwise kernels (cpu_nhwc) is computed on the channels_last operands,
   // in place of NCHW copies.
-  const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
-    return cpu_nhwc(p, Pass::kDgrad, dtype);
+  const auto nhwc = [](const ConvParams& p, at::ScalarType dtype, bool channels_last) {
+    return channels_last && cpu_nhwc(p, Pass::kDgrad, dtype);
   };
   return dgrad_entry(
       grad_output, weight, input_size, stride, padding, dilation, groups, nhwc,

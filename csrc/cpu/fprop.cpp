@@ -71,8 +71,8 @@ at::Tensor conv2d_cpu(const at::Tensor& input, const at::Tensor& weight,
   // A channels_last result of the blocked, packed-group or few-pixel
   // kernel, or of a depthwise layer (one output channel per input channel),
   // is computed on the channels_last operands, in place of NCHW copies.
-  const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
-    return cpu_nhwc(p, Pass::kFprop, dtype);
+  const auto nhwc = [](const ConvParams& p, at::ScalarType dtype, bool channels_last) {
+    return channels_last && cpu_nhwc(p, Pass::kFprop, dtype);
   };
   return fprop_entry(
       input, weight, bias, stride, padding, dilation, groups, nhwc,

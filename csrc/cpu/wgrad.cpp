@@ -74,8 +74,8 @@ at::Tensor conv2d_backward_weight_cpu(const at::Tensor& grad_output,
   // A channels_last grad_weight of the blocked, packed-group or few-pixel
   // kernel, or of a depthwise layer (cpu_nhwc), is computed on the
   // channels_last operands, in place of NCHW copies.
-  const auto nhwc = [](const ConvParams& p, at::ScalarType dtype) {
-    return cpu_nhwc(p, Pass::kWgrad, dtype);
+  const auto nhwc = [](const ConvParams& p, at::ScalarType dtype, bool channels_last) {
+    return channels_last && cpu_nhwc(p, Pass::kWgrad, dtype);
   };
   return wgrad_entry(
       grad_output, input, weight_size, stride, padding, dilation, groups, nhwc,

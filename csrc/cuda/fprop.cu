@@ -30,8 +30,9 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
   // engine runs; the launch then takes that answer rather than asking again.
   return fprop_entry(
       input, weight, bias, stride, padding, dilation, groups,
-      [](const ConvParams& p, at::ScalarType dtype) {
-        return nhwc_engine_takes(p, Pass::kFprop, dtype, current_sm());
+      [](const ConvParams& p, at::ScalarType dtype, bool channels_last) {
+        return channels_last ? nhwc_engine_takes(p, Pass::kFprop, dtype, current_sm())
+                             : nhwc_on_copies(p, Pass::kFprop, dtype, current_sm());
       },
       launch_fprop);
 }
