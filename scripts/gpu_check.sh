@@ -35,6 +35,11 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     exit 1
   fi
   echo "build: $(( $(date +%s) - start )) s"
+  # Each translation unit's compile time (start and end in ms), for the
+  # build's critical path.
+  # (An editable install may build under a temporary folder.)
+  ninja_log=$(ls -t $(find build /tmp -name .ninja_log 2>/dev/null) 2>/dev/null | head -n 1)
+  [ -n "$ninja_log" ] && cp "$ninja_log" "$out/ninja_log.txt"
 fi
 # Refuse a module with unexpected dependencies or its own static libstdc++
 # (some compilers link it in; the first error message it formats crashes).
