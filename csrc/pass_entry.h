@@ -73,24 +73,26 @@ at::Tensor nhwc_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
 // launch(params, x, w, bias_or_undefined, y, nhwc). Where nhwc(params,
 // dtype, channels_last result) says a channels_last kernel takes the call
 // with operands of that dtype, x, w and y are channels_last (nhwc true);
-// otherwise contiguous NCHW, float32 for 16-bit operands.
+// otherwise contiguous NCHW, float32 for 16-bit operands. `copies` false:
+// an NCHW result never runs on channels_last copies (16-bit calls' float32
+// copies: the plan weighed copies for the 16-bit call, and declined).
 template <typename Nhwc, typename Launch>
 at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias, c10::IntArrayRef stride,
                        c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
-                       Nhwc&& nhwc, Launch&& launch) {
+                       Nhwc&& nhwc, Launch&& launch, bool copies = true) {
   const ConvParams p = make_fprop_params(input, weight, bias, stride, padding,
                                          dilation, groups);
   const bool has_bias = bias.has_value() && bias->defined();
   const c10::DeviceGuard guard(input.device());
   const at::MemoryFormat format = result_memory_format(input, weight);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  const bool cl = nhwc(p, input.scalar_type(), format == kCl);
+  const bool cl = (format == kCl || copies) && nhwc(p, input.scalar_type(), format == kCl);
   if (is_16bit(input.scalar_type()) && !cl) {
     const c10::optional<at::Tensor> bias32 =
         has_bias ? c10::optional<at::Tensor>(bias->to(at::kFloat)) : c10::nullopt;
     return fprop_entry(input.to(at::kFloat), weight.to(at::kFloat), bias32, stride, padding,
-                       dilation, groups, nhwc, launch)
+                       dilation, groups, nhwc, launch, /*copies=*/false)
         .to(input.scalar_type());
   }
   const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
@@ -125,16 +127,17 @@ template <typename Nhwc, typename Launch>
 at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
                        c10::IntArrayRef input_size, c10::IntArrayRef stride,
                        c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
-                       Nhwc&& nhwc, Launch&& launch) {
+                       Nhwc&& nhwc, Launch&& launch, bool copies = true) {
   const ConvParams p = make_dgrad_params(grad_output, weight, input_size,
                                          stride, padding, dilation, groups);
   const c10::DeviceGuard guard(grad_output.device());
   const at::MemoryFormat format = result_memory_format(grad_output, weight);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  const bool cl = nhwc(p, grad_output.scalar_type(), format == kCl);
+  const bool cl =
+      (format == kCl || copies) && nhwc(p, grad_output.scalar_type(), format == kCl);
   if (is_16bit(grad_output.scalar_type()) && !cl) {
     return dgrad_entry(grad_output.to(at::kFloat), weight.to(at::kFloat), input_size, stride,
-                       padding, dilation, groups, nhwc, launch)
+                       padding, dilation, groups, nhwc, launch, /*copies=*/false)
         .to(grad_output.scalar_type());
   }
   if (cl) {
@@ -166,17 +169,18 @@ template <typename Nhwc, typename Launch>
 at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
                        c10::IntArrayRef weight_size, c10::IntArrayRef stride,
                        c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
-                       Nhwc&& nhwc, Launch&& launch) {
+                       Nhwc&& nhwc, Launch&& launch, bool copies = true) {
   const ConvParams p = make_wgrad_params(grad_output, input, weight_size,
                                          stride, padding, dilation, groups);
   const c10::DeviceGuard guard(grad_output.device());
   // The weight's own format is the autograd node's to match (autograd.cpp).
   const at::MemoryFormat format = result_memory_format(grad_output, input);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  const bool cl = p.gemm_m() > 0 && nhwc(p, grad_output.scalar_type(), format == kCl);
+  const bool cl = p.gemm_m() > 0 && (format == kCl || copies) &&
+                  nhwc(p, grad_output.scalar_type(), format == kCl);
   if (is_16bit(grad_output.scalar_type()) && !cl) {
     return wgrad_entry(grad_output.to(at::kFloat), input.to(at::kFloat), weight_size, stride,
-                       padding, dilation, groups, nhwc, launch)
+                       padding, dilation, groups, nhwc, launch, /*copies=*/false)
         .to(grad_output.scalar_type());
   }
   if (cl) {

@@ -66,9 +66,10 @@ bool tensor_core_channels(const ConvParams& p) {
 // small*small, which leaves an error floor however short the reduction,
 // while FP32 is exact per product: cuDNN's strict FP32 on a short wgrad
 // reduction is below that floor. So a wgrad reduction of fewer than
-// kShortWgradReduction products per weight (N*Ho*Wo) runs the direct FFMA
-// kernel, whose short per-thread sums and fixed-order tree stay below
-// cuDNN there. An FP32 sum's error, growing as sqrt(K) from cuDNN's on
+// kShortWgradReduction products per weight (N*Ho*Wo) runs on FFMA: the
+// direct kernel, whose short per-thread sums and fixed-order tree stay
+// below cuDNN there, or for channels_last results the engine's FFMA wgrad
+// (nhwc_ieee_wgrad), whose sums in runs do too. An FP32 sum's error, growing as sqrt(K) from cuDNN's on
 // short reductions, reaches the 3xTF32 floor below kShortWgradReduction,
 // which leaves a margin (docs/kernels.md, "Precision: what every kernel
 // shares").
@@ -170,10 +171,14 @@ bool nhwc_engine_16bit(const ConvParams& p, Pass pass, int sm) {
 }
 // IEEE mode's short wgrad reductions (short_wgrad: 3xTF32 errs more than
 // cuDNN's FP32 there) on the engine's FFMA wgrad, where the option asks;
-// else the direct kernel's.
+// else the direct kernel's. Below kFfmaMinReduction products a weight the
+// FFMA wgrad's two-level sums come within a few percent of cuDNN's error
+// (both near the rounding of the result alone), and the direct kernel's
+// tree stays below it; such layers take microseconds either way.
+constexpr int64_t kFfmaMinReduction = 256;
 bool nhwc_ieee_wgrad(const ConvParams& p) {
   return option(Option::kNhwcWgrad) && option(Option::kNhwcIeeeWgrad) && short_wgrad(p) &&
-         igemm_nhwc::wgrad_fits(p);
+         p.gemm_m() >= kFfmaMinReduction && igemm_nhwc::wgrad_fits(p);
 }
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80) return false;

@@ -185,9 +185,10 @@ def test_on_this_gpu_the_report_agrees_with_the_algorithm_and_flat_layout(pass_,
 
 @pytest.mark.default_wgrad_routing
 def test_ieee_short_wgrad_runs_the_engine_on_ffma(ieee):
-    """IEEE mode's short channels_last wgrads (N*P*Q below 8192) run the
-    engine's FFMA wgrad, or the direct kernel with the option
-    nhwc_ieee_wgrad off; long ones and NCHW ones never go there."""
+    """IEEE mode's short channels_last wgrads (N*P*Q below 8192, from 256)
+    run the engine's FFMA wgrad, or the direct kernel with the option
+    nhwc_ieee_wgrad off; long ones, shorter ones and NCHW ones never go
+    there."""
     def cl_kernel(x_shape, w_shape, **kw):
         x = torch.empty(x_shape, device="meta").to(memory_format=torch.channels_last)
         w = torch.empty(w_shape, device="meta").to(memory_format=torch.channels_last)
@@ -195,7 +196,9 @@ def test_ieee_short_wgrad_runs_the_engine_on_ffma(ieee):
 
     short = ((8, 256, 7, 7), (256, 256, 3, 3))  # 392 products a weight
     long = ((8, 64, 56, 56), (64, 64, 3, 3))  # 25088
+    tiny = ((2, 256, 7, 7), (256, 256, 3, 3))  # 98: the direct kernel's tree
     assert words(cl_kernel(*short)) == ("implicit_gemm_nhwc", {"math": "ffma"})  # the default
+    assert words(cl_kernel(*tiny))[0] == "direct"
     with option("nhwc_ieee_wgrad", False):
         assert words(cl_kernel(*short))[0] == "direct"
     with option("nhwc_ieee_wgrad", True):

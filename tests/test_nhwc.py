@@ -227,16 +227,17 @@ def test_wgrad_against_float64(case):
 # IEEE mode's short wgrad reductions (N*P*Q below 8192) on the engine's FFMA
 # wgrad (option nhwc_ieee_wgrad): 128 x 128 tiles with a K split, 128 x 64
 # and 64 x 64 tiles partial in M and N, a strided 1x1 layer; sums in runs
-# of 8 pixels (slices of one K tile: tiny, partial_64x64, 1x1_s2), of 16
-# (slices of 5 tiles) and of a whole tile (long_slices: 18); more slices
-# than one wave of blocks needs (slices_past_a_wave: one wave's three
-# would each sum 33 K tiles).
+# of 8 pixels (slices of one or two K tiles: one_tile_slices,
+# partial_64x64, 1x1_s2), of 16 (slices of 5 tiles) and of a whole tile
+# (long_slices: 18); more slices than one wave of blocks needs
+# (slices_past_a_wave: one wave's three would each sum 33 K tiles).
+# Reductions below 256 pixels stay on the direct kernel (test_kernel_report.py).
 IEEE_WGRAD = {
     "r50_3x3_7x7": (8, 256, 7, 7, 256, 3, 3, 1, 1, 1),
     "partial_128x64": (3, 72, 13, 11, 136, 3, 3, 1, 1, 1),
-    "partial_64x64": (2, 20, 9, 10, 44, 3, 5, 1, (1, 2), 1),
+    "partial_64x64": (4, 20, 9, 10, 44, 3, 5, 1, (1, 2), 1),
     "1x1_s2": (4, 128, 27, 27, 256, 1, 1, 2, 0, 1),
-    "tiny": (2, 16, 6, 8, 32, 3, 3, 1, 1, 1),
+    "one_tile_slices": (2, 16, 12, 12, 32, 3, 3, 1, 1, 1),
     "long_slices": (40, 64, 14, 14, 64, 3, 3, 1, 1, 1),
     "slices_past_a_wave": (16, 256, 14, 14, 256, 3, 3, 1, 1, 1),
 }
@@ -279,14 +280,14 @@ def test_ieee_short_wgrad_on_ffma(case):
 # FFMA kernel). Which pass goes there is the plan's; each that does must
 # give the channels_last call's bits in NCHW.
 COPIES = [("3x3_stride2", torch.float32, True), ("3x3_stride2", torch.bfloat16, True),
-          ("1x1_stride2", torch.float32, True), ("r50_3x3_7x7_plane", torch.float32, False)]
+          ("1x1_stride2", torch.float32, True), ("r50_1x1_14", torch.float32, False)]
 
 
 @pytest.mark.default_wgrad_routing  # IEEE mode's short wgrads as users get them
 @cuda_only
 @pytest.mark.parametrize("case, dtype, tf32", COPIES,
                          ids=["3x3_stride2-f32", "3x3_stride2-bf16", "1x1_stride2-f32",
-                              "r50_3x3_7x7_plane-ieee"])
+                              "r50_1x1_14-ieee"])
 def test_nchw_calls_run_the_engine_on_channels_last_copies(case, dtype, tf32):
     """With the option on, an NCHW call the plan sends to the engine reports
     copies=channels_last, launches the engine's kernels, returns NCHW

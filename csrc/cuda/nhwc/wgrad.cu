@@ -1,6 +1,6 @@
 // wgrad over channels_last operands on mma.sync (sm_80+): float32 in TF32
 // mode, or float16 / bfloat16 (E) on m16n8k16 MMAs; float32 in IEEE mode on
-// FFMA (wgrad_nhwc_ffma_kernel, behind an option).
+// FFMA (wgrad_nhwc_ffma_kernel: the short reductions 3xTF32 cannot serve).
 //
 // Implicit GEMM with the batch's pixels as K (config.h): M = K output
 // channels, N = one tap's input channels (a block's N tile never spans
@@ -383,8 +383,10 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
 // beyond that, the count of slices whose time is least: waves of blocks
 // (one a SM; a partial last wave costs a whole one) times a slice's tiles,
 // plus the partial sums written and read back, where a K tile step of a
-// block takes about as long as kPartialFloatsPerStep floats of them. The
-// partial sums stay within kFfmaMaxPartials floats.
+// block takes about as long as kPartialFloatsPerStep floats of them. More
+// slices than the cap needs stop at kFfmaMaxPartials floats of partial
+// sums; the cap itself does not (at most eight slices' worth: short
+// reductions have fewer than 8192 pixels).
 constexpr int64_t kFfmaMaxSliceTiles = 32;
 constexpr int64_t kFfmaMaxPartials = int64_t(1) << 25;
 constexpr double kPartialFloatsPerStep = double(1 << 21);
@@ -392,7 +394,8 @@ inline KSplit ffma_k_split(int64_t tiles, int64_t k_tiles, int64_t numel) {
   const KSplit wave = one_wave_k_split(tiles, k_tiles, 1);
   const int64_t slots = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t first = std::max(wave.splits, ceil_div(k_tiles, kFfmaMaxSliceTiles));
-  const int64_t last = std::min({first + 64, k_tiles, kFfmaMaxPartials / numel, kMaxGridYZ});
+  const int64_t last =
+      std::min({first + 64, k_tiles, std::max(first, kFfmaMaxPartials / numel), kMaxGridYZ});
   KSplit best = wave;
   double best_cost = -1;
   for (int64_t s = first; s <= last; ++s) {
