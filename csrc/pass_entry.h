@@ -29,13 +29,14 @@ namespace conv2d_ext {
 // operands as given (in that format); for an NCHW one, channels_last
 // copies of them, and the result is copied back (nhwc_on_copies).
 //
-// A result of `sizes` in `format`: run(out) writes a contiguous (NCHW) one,
-// which a channels_last result is then copied from. Not run when empty.
+// A result of `sizes` in `format`, which run(out) writes in `written`
+// (contiguous NCHW or channels_last): in place where the two agree, else
+// copied. Not run when empty.
 template <typename Run>
-at::Tensor nchw_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
-                       at::MemoryFormat format, Run&& run) {
-  if (format == at::MemoryFormat::Contiguous) {
-    at::Tensor out = empty_output(sizes, opts);
+at::Tensor result_written_in(c10::IntArrayRef sizes, const at::TensorOptions& opts,
+                             at::MemoryFormat format, at::MemoryFormat written, Run&& run) {
+  if (format == written) {
+    at::Tensor out = empty_output(sizes, opts, written);
     if (out.numel() > 0) run(out);
     return out;
   }
@@ -44,27 +45,7 @@ at::Tensor nchw_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
   // fit the sizes (one channel, 1 x 1 planes).
   at::Tensor result = at::empty(sizes, opts.memory_format(format));
   if (result.numel() == 0) return result;
-  at::Tensor out = empty_output(sizes, opts);
-  run(out);
-  result.copy_(out);
-  return result;
-}
-
-// The same with run(out) writing a channels_last one, for a result in
-// `format` (an NCHW result copied from it: the channels_last kernels on
-// copies).
-template <typename Run>
-at::Tensor nhwc_result(c10::IntArrayRef sizes, const at::TensorOptions& opts,
-                       at::MemoryFormat format, Run&& run) {
-  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  if (format == kCl) {
-    at::Tensor out = empty_output(sizes, opts, kCl);
-    if (out.numel() > 0) run(out);
-    return out;
-  }
-  at::Tensor result = at::empty(sizes, opts.memory_format(format));
-  if (result.numel() == 0) return result;
-  at::Tensor out = empty_output(sizes, opts, kCl);
+  at::Tensor out = empty_output(sizes, opts, written);
   run(out);
   result.copy_(out);
   return result;
@@ -86,7 +67,7 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
   const bool has_bias = bias.has_value() && bias->defined();
   const c10::DeviceGuard guard(input.device());
   const at::MemoryFormat format = result_memory_format(input, weight);
-  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast, kNchw = at::MemoryFormat::Contiguous;
   const bool cl = (format == kCl || copies) && nhwc(p, input.scalar_type(), format == kCl);
   if (is_16bit(input.scalar_type()) && !cl) {
     const c10::optional<at::Tensor> bias32 =
@@ -98,11 +79,11 @@ at::Tensor fprop_entry(const at::Tensor& input, const at::Tensor& weight,
   const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
   const std::vector<int64_t> sizes{p.batch, p.out_channels, p.out_h, p.out_w};
   if (cl) {
-    return nhwc_result(sizes, input.options(), format, [&](at::Tensor& y) {
+    return result_written_in(sizes, input.options(), format, kCl, [&](at::Tensor& y) {
       launch(p, input.contiguous(kCl), weight.contiguous(kCl), b, y, true);
     });
   }
-  return nchw_result(sizes, input.options(), format, [&](at::Tensor& y) {
+  return result_written_in(sizes, input.options(), format, kNchw, [&](at::Tensor& y) {
     launch(p, input.contiguous(), weight.contiguous(), b, y, false);
   });
 }
@@ -132,7 +113,7 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
                                          stride, padding, dilation, groups);
   const c10::DeviceGuard guard(grad_output.device());
   const at::MemoryFormat format = result_memory_format(grad_output, weight);
-  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast, kNchw = at::MemoryFormat::Contiguous;
   const bool cl =
       (format == kCl || copies) && nhwc(p, grad_output.scalar_type(), format == kCl);
   if (is_16bit(grad_output.scalar_type()) && !cl) {
@@ -141,11 +122,13 @@ at::Tensor dgrad_entry(const at::Tensor& grad_output, const at::Tensor& weight,
         .to(grad_output.scalar_type());
   }
   if (cl) {
-    return nhwc_result(input_size, grad_output.options(), format, [&](at::Tensor& grad_in) {
+    return result_written_in(input_size, grad_output.options(), format, kCl,
+                             [&](at::Tensor& grad_in) {
       launch(p, grad_output.contiguous(kCl), weight, grad_in, true);
     });
   }
-  return nchw_result(input_size, grad_output.options(), format, [&](at::Tensor& grad_in) {
+  return result_written_in(input_size, grad_output.options(), format, kNchw,
+                           [&](at::Tensor& grad_in) {
     launch(p, grad_output.contiguous(), weight.contiguous(), grad_in, false);
   });
 }
@@ -175,7 +158,7 @@ at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
   const c10::DeviceGuard guard(grad_output.device());
   // The weight's own format is the autograd node's to match (autograd.cpp).
   const at::MemoryFormat format = result_memory_format(grad_output, input);
-  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast, kNchw = at::MemoryFormat::Contiguous;
   const bool cl = p.gemm_m() > 0 && (format == kCl || copies) &&
                   nhwc(p, grad_output.scalar_type(), format == kCl);
   if (is_16bit(grad_output.scalar_type()) && !cl) {
@@ -184,11 +167,13 @@ at::Tensor wgrad_entry(const at::Tensor& grad_output, const at::Tensor& input,
         .to(grad_output.scalar_type());
   }
   if (cl) {
-    return nhwc_result(weight_size, grad_output.options(), format, [&](at::Tensor& grad_w) {
+    return result_written_in(weight_size, grad_output.options(), format, kCl,
+                             [&](at::Tensor& grad_w) {
       launch(p, grad_output.contiguous(kCl), input.contiguous(kCl), grad_w, true);
     });
   }
-  return nchw_result(weight_size, grad_output.options(), format, [&](at::Tensor& grad_w) {
+  return result_written_in(weight_size, grad_output.options(), format, kNchw,
+                           [&](at::Tensor& grad_w) {
     if (p.gemm_m() == 0) {
       grad_w.zero_();  // empty batch: nothing summed
     } else {

@@ -285,6 +285,16 @@ Pass to_pass(const std::string& pass) {
 }
 }  // namespace
 
+namespace {
+// The plan a call with these operands runs, for the reports: an NCHW call
+// on copies (`copies` set) runs the channels_last plan.
+Plan call_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm, bool channels_last,
+               bool& copies) {
+  copies = !channels_last && sm != 0 && nhwc_on_copies(p, pass, dtype, sm);
+  return choose_plan(p, pass, dtype, sm, channels_last || copies);
+}
+}  // namespace
+
 std::string algorithm(const std::string& pass, const at::Tensor& input,
                       const at::Tensor& weight, c10::IntArrayRef stride,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
@@ -293,10 +303,9 @@ std::string algorithm(const std::string& pass, const at::Tensor& input,
                                          padding, dilation, groups);
   const bool channels_last =
       result_memory_format(input, weight) == at::MemoryFormat::ChannelsLast;
-  const Pass which = to_pass(pass);
-  const bool copies = !channels_last && sm != 0 && nhwc_on_copies(p, which, input.scalar_type(), sm);
+  bool copies = false;
   return to_string(
-      choose_plan(p, which, input.scalar_type(), sm, channels_last || copies).algo);
+      call_plan(p, to_pass(pass), input.scalar_type(), sm, channels_last, copies).algo);
 }
 
 namespace {
@@ -459,6 +468,11 @@ bool nhwc_on_copies(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm
   return nchw_loses_to_engine(p, pass, choose_plan(p, pass, dtype, sm).algo);
 }
 
+bool nhwc_engine_runs(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
+                      bool channels_last) {
+  return channels_last ? nhwc_engine_takes(p, pass, dtype, sm) : nhwc_on_copies(p, pass, dtype, sm);
+}
+
 bool cpu_nhwc(const ConvParams& p, Pass pass, at::ScalarType dtype) {
   if (is_16bit(dtype)) return false;  // float32 copies, in whichever format
   const Algo algo = choose_plan(p, pass, dtype, /*sm=*/0, /*channels_last=*/true).algo;
@@ -488,8 +502,8 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
   const int s = static_cast<int>(sm);
   const bool channels_last =
       result_memory_format(input, weight) == at::MemoryFormat::ChannelsLast;
-  const bool copies = !channels_last && s != 0 && nhwc_on_copies(p, which, input.scalar_type(), s);
-  const Plan plan = choose_plan(p, which, input.scalar_type(), s, channels_last || copies);
+  bool copies = false;
+  const Plan plan = call_plan(p, which, input.scalar_type(), s, channels_last, copies);
   std::ostringstream out;
   out << to_string(plan.algo);
   if (copies) out << " copies=channels_last";

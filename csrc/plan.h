@@ -113,6 +113,12 @@ bool nhwc_engine_takes(const ConvParams& p, Pass pass, at::ScalarType dtype, int
 // kernel the plan would pick is expected to lose by more than the copies.
 bool nhwc_on_copies(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm);
 
+// The entries' question: whether a call whose result is (or is not)
+// channels_last runs the channels_last engine, on its operands or on
+// copies (nhwc_engine_takes, nhwc_on_copies).
+bool nhwc_engine_runs(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
+                      bool channels_last);
+
 // `sm` is the GPU's compute capability as 10*major + minor (0: CPU).
 // `channels_last`: the result is channels_last (result_memory_format), so
 // the channels_last engine may take the call. (The kernel for operands in

@@ -72,8 +72,7 @@ at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,
   return dgrad_entry(
       grad_output, weight, input_size, stride, padding, dilation, groups,
       [](const ConvParams& p, at::ScalarType dtype, bool channels_last) {
-        return channels_last ? nhwc_engine_takes(p, Pass::kDgrad, dtype, current_sm())
-                             : nhwc_on_copies(p, Pass::kDgrad, dtype, current_sm());
+        return nhwc_engine_runs(p, Pass::kDgrad, dtype, current_sm(), channels_last);
       },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& w,
           at::Tensor& grad_in, bool nhwc) {

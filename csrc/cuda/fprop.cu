@@ -31,8 +31,7 @@ at::Tensor conv2d_cuda(const at::Tensor& input, const at::Tensor& weight,
   return fprop_entry(
       input, weight, bias, stride, padding, dilation, groups,
       [](const ConvParams& p, at::ScalarType dtype, bool channels_last) {
-        return channels_last ? nhwc_engine_takes(p, Pass::kFprop, dtype, current_sm())
-                             : nhwc_on_copies(p, Pass::kFprop, dtype, current_sm());
+        return nhwc_engine_runs(p, Pass::kFprop, dtype, current_sm(), channels_last);
       },
       launch_fprop);
 }

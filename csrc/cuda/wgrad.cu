@@ -27,8 +27,7 @@ at::Tensor conv2d_backward_weight_cuda(const at::Tensor& grad_output,
   return wgrad_entry(
       grad_output, input, weight_size, stride, padding, dilation, groups,
       [](const ConvParams& p, at::ScalarType dtype, bool channels_last) {
-        return channels_last ? nhwc_engine_takes(p, Pass::kWgrad, dtype, current_sm())
-                             : nhwc_on_copies(p, Pass::kWgrad, dtype, current_sm());
+        return nhwc_engine_runs(p, Pass::kWgrad, dtype, current_sm(), channels_last);
       },
       [&](const ConvParams& p, const at::Tensor& go, const at::Tensor& x,
           at::Tensor& grad_w, bool nhwc) {
