@@ -35,7 +35,7 @@ constexpr std::array<Entry, 21> kEntries{{
     {"nhwc_tf32_truncate", false},
     {"nhwc_16bit", true},
     {"nhwc_ieee_wgrad", true},
-    {"nhwc_copies", false},
+    {"nhwc_copies", true},
 }};
 static_assert(static_cast<int>(Option::kNhwcCopies) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");

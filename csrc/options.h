@@ -72,7 +72,7 @@ enum class Option : int {
   kNhwcIeeeWgrad,
   // NCHW calls may run the channels_last engine on channels_last copies of
   // their operands, the result copied back, where the plan expects the NCHW
-  // kernels to lose (plan.cpp, nhwc_on_copies); off until measured.
+  // kernels to lose (plan.cpp, nhwc_on_copies).
   kNhwcCopies,
 };
 

@@ -424,14 +424,14 @@ namespace {
 // images; the mma.sync wgrad splits K over one image's pixels; the direct
 // kernel (IEEE mode's short wgrads) and the strided dgrad's phases are
 // slower still. The copies read and write every activation once more,
-// which the flat forward and dgrad, the sm_90 wgrad and the few-channel
-// kernels on large planes do not repay. The plane bounds follow the
-// benchmark's ResNet-50 layers in TF32 (docs/kernels.md).
-constexpr int64_t kCopiesSmallPlane = 64;    // outputs of at most 8 x 8
-constexpr int64_t kCopiesStridedPlane = 256;  // strided forwards: 16 x 16
-// 16-bit operands run float32 copies on the NCHW kernels anyway; copies in
-// their own type to the engine's 16-bit MMAs win but on the largest planes.
-constexpr int64_t kCopies16BitPlane = 112 * 112;
+// which the flat forward and dgrad, the sm_90 wgrad, the few-channel
+// kernels and the phases of a 1x1 dgrad (a quarter of its pixels, the
+// rest zeros) on large planes do not repay. The plane bounds follow
+// ResNet-50's layers in NCHW, each pass timed with and without copies
+// (docs/kernels.md).
+constexpr int64_t kCopiesSmallPlane = 64;          // outputs of at most 8 x 8
+constexpr int64_t kCopiesStridedPlane = 256;       // strided forwards: 16 x 16
+constexpr int64_t kCopiesPointwisePhasesPlane = 32 * 32;
 
 // The plane of `pass`'s result: output pixels of the forward and wgrad's
 // reduction, input pixels of dgrad.
@@ -439,23 +439,40 @@ int64_t result_plane(const ConvParams& p, Pass pass) {
   return pass == Pass::kDgrad ? p.in_h * p.in_w : p.out_h * p.out_w;
 }
 
+bool one_by_one(const ConvParams& p) { return p.kernel_h == 1 && p.kernel_w == 1; }
+bool strided(const ConvParams& p) { return p.stride_h > 1 || p.stride_w > 1; }
+
 bool nchw_loses_to_engine(const ConvParams& p, Pass pass, Algo nchw) {
+  const int64_t plane = result_plane(p, pass);
   switch (nchw) {
     case Algo::kDirect:
     case Algo::kImplicitGemm:
-    case Algo::kDgradPhases:
       return true;
-    case Algo::kImplicitGemmSm90: {
+    case Algo::kDgradPhases:
+      return !one_by_one(p) || plane <= kCopiesPointwisePhasesPlane;
+    case Algo::kImplicitGemmSm90:
       if (pass == Pass::kWgrad) return false;
-      const int64_t plane = result_plane(p, pass);
-      const bool one_by_one = p.kernel_h == 1 && p.kernel_w == 1;
-      const bool strided = p.stride_h > 1 || p.stride_w > 1;
-      return one_by_one || plane <= kCopiesSmallPlane ||
-             (pass == Pass::kFprop && strided && plane <= kCopiesStridedPlane);
-    }
+      return one_by_one(p) || plane <= kCopiesSmallPlane ||
+             (pass == Pass::kFprop && strided(p) && plane <= kCopiesStridedPlane);
     default:
       return false;
   }
+}
+
+// 16-bit operands run float32 copies on the NCHW kernels anyway; copies in
+// their own type to the engine's 16-bit MMAs win on all but large planes,
+// where the NCHW kernels' float32 reads cost less than two more passes
+// over the activations: strided layers up to 56 x 56, 1x1 forwards and
+// dgrads up to 16 x 16, the rest up to 28 x 28.
+constexpr int64_t kCopies16BitStridedPlane = 56 * 56;
+constexpr int64_t kCopies16BitPointwisePlane = 16 * 16;
+constexpr int64_t kCopies16BitPlane = 28 * 28;
+
+bool half_nchw_loses_to_engine(const ConvParams& p, Pass pass) {
+  const int64_t plane = result_plane(p, pass);
+  if (strided(p)) return plane <= kCopies16BitStridedPlane;
+  if (pass != Pass::kWgrad && one_by_one(p)) return plane <= kCopies16BitPointwisePlane;
+  return plane <= kCopies16BitPlane;
 }
 }  // namespace
 
@@ -464,7 +481,7 @@ bool nhwc_on_copies(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm
   if (!option(Option::kNhwcCopies) || sm < 90 || !nhwc_engine_takes(p, pass, dtype, sm)) {
     return false;
   }
-  if (is_16bit(dtype)) return result_plane(p, pass) <= kCopies16BitPlane;
+  if (is_16bit(dtype)) return half_nchw_loses_to_engine(p, pass);
   return nchw_loses_to_engine(p, pass, choose_plan(p, pass, dtype, sm).algo);
 }
 

@@ -315,6 +315,7 @@ def test_row_shifts_only_for_narrow_tiles():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@option("nhwc_copies", False)  # NCHW's own plan; its copies are test_nhwc's
 def test_tensor_core_cases_reach_tensor_core_kernels(precision):
     """The TENSOR_CORE cases test what they claim: on sm_80+ the plan sends
     every forward, every dgrad that is a forward pass (unit stride) or a
