@@ -250,8 +250,8 @@ ConvParams make_wgrad_params(const at::Tensor& grad_output,
   return p;
 }
 
-at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts,
-                        at::MemoryFormat format) {
+at::TensorBase empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts,
+                            at::MemoryFormat format) {
   at::Tensor out = at::empty(sizes, opts.memory_format(format));
   if (option(Option::kPoisonOutputs)) {
     out.fill_(std::numeric_limits<double>::quiet_NaN());

@@ -9,9 +9,18 @@
 #include <cstdint>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
+#include <ATen/core/TensorBase.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/Optional.h>
+
+// Declared, not defined: the kernel translation units include only
+// TensorBase (the full Tensor class with every operator's method costs
+// each of them most of its host compile time); the entry points include
+// ATen.
+namespace at {
+class Tensor;
+}  // namespace at
 
 namespace conv2d_ext {
 
@@ -132,8 +141,8 @@ ConvParams make_wgrad_params(const at::Tensor& grad_output,
 // Allocates an op's output. When Option::kPoisonOutputs is on (tests), the
 // buffer is filled with NaN so that any element a kernel fails to write
 // shows up in the comparison against the reference.
-at::Tensor empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts,
-                        at::MemoryFormat format = at::MemoryFormat::Contiguous);
+at::TensorBase empty_output(c10::IntArrayRef sizes, const at::TensorOptions& opts,
+                            at::MemoryFormat format = at::MemoryFormat::Contiguous);
 
 // The memory format of a pass's result, as PyTorch's convolution picks it
 // from its two operands (input and weight; for dgrad grad_output and

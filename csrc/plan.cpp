@@ -10,6 +10,7 @@
 #include "cuda/sm90/config.h"
 
 #include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <optional>

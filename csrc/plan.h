@@ -4,8 +4,6 @@
 // the pass files' switch on the Algo, nowhere else (docs/kernels.md).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <string>
 #include <vector>
 

@@ -5,8 +5,11 @@
 #include <cstring>
 #include <type_traits>
 
-#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime.h>
+
+#include <ATen/core/TensorBase.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "../conv_params.h"
 
@@ -102,9 +105,27 @@ __device__ __forceinline__ float weight_or_zero(const ConvParams& p, const float
   return i < 0 ? 0.f : w[i];
 }
 
+// The kernels' files reach PyTorch through TensorBase and these few
+// calls (launch_cache.cu, tensor_ops.cu) rather than ATen.h and
+// CUDAContext.h, whose headers would cost each of them most of its host
+// compile time.
+//
+// The current device's properties (PyTorch's cached copy).
+const cudaDeviceProp* device_properties();
+// Scratch memory on the current device from PyTorch's caching allocator,
+// as at::empty would allocate it: freed memory is reused in stream order.
+at::TensorBase scratch(c10::IntArrayRef sizes, at::ScalarType dtype);
+// The stream PyTorch's current operation runs on.
+inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
+// `t` itself where its data starts 16-byte aligned (TMA and 16-byte copies
+// need it), else a copy in `format` (tensor_ops.cu).
+at::TensorBase aligned_16(const at::TensorBase& t, at::MemoryFormat format);
+// dst.copy_(src) (tensor_ops.cu).
+void copy_into(const at::TensorBase& dst, const at::TensorBase& src);
+
 // Compute capability of the current device as 10*major + minor.
 inline int current_sm() {
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  const cudaDeviceProp* prop = device_properties();
   return prop->major * 10 + prop->minor;
 }
 

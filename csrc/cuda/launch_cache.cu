@@ -1,4 +1,7 @@
-// The launch facts of common.cuh, remembered per (kernel, device).
+// The launch facts of common.cuh, remembered per (kernel, device), and
+// the PyTorch calls the kernels' files make (device properties, scratch).
+#include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <map>
@@ -22,6 +25,13 @@ std::map<std::tuple<const void*, int, int, size_t>, int> g_occupancy;
 
 }  // namespace
 
+const cudaDeviceProp* device_properties() { return at::cuda::getCurrentDeviceProperties(); }
+
+at::TensorBase scratch(c10::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::detail::empty_cuda(sizes, dtype, at::Device(at::kCUDA, c10::cuda::current_device()),
+                                c10::nullopt);
+}
+
 void ensure_dynamic_smem(const void* kernel, size_t bytes) {
   // Without the opt-in, static and dynamic shared memory together may not
   // pass 48 KB: a ring of exactly 48 KB next to a few static barriers
@@ -39,7 +49,7 @@ void ensure_dynamic_smem(const void* kernel, size_t bytes) {
   }
   SmemLimit& limit = found->second;
   if (bytes + limit.static_bytes <= kDefaultLimit || bytes <= limit.dynamic_allowed) return;
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  const cudaDeviceProp* prop = device_properties();
   TORCH_CHECK(bytes + limit.static_bytes <= prop->sharedMemPerBlockOptin,
               "conv2d_ext: this kernel size needs ", bytes + limit.static_bytes,
               " bytes of shared memory per block, more than the ",

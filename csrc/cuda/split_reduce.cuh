@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <type_traits>
 
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include "common.cuh"
 
@@ -22,7 +20,7 @@ struct KSplit {
 };
 inline KSplit one_wave_k_split(int64_t tiles, int64_t k_tiles, int blocks_per_sm) {
   const int64_t slots = int64_t(std::max(blocks_per_sm, 1)) *
-                        at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+                        device_properties()->multiProcessorCount;
   const int64_t splits = std::min({std::max<int64_t>(1, slots / tiles), k_tiles, kMaxGridYZ});
   KSplit k;
   k.tiles_per_split = ceil_div(k_tiles, splits);
@@ -70,9 +68,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-void reduce_splits(const at::Tensor& partial, at::Tensor& out, int64_t numel, int splits) {
+void reduce_splits(const at::TensorBase& partial, at::TensorBase& out, int64_t numel, int splits) {
   const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(numel, kThreads), 65535));
-  reduce_splits_kernel<T><<<blocks, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+  reduce_splits_kernel<T><<<blocks, kThreads, 0, current_stream()>>>(
       partial.data_ptr<T>(), out.data_ptr<T>(), numel, splits);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

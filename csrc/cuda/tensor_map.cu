@@ -55,7 +55,7 @@ void ensure_current_context() {
 
 // The 4-D map of contiguous NCHW `t` with its dimensions in `order`
 // (indices of NCHW dimensions, innermost first; W first).
-CUtensorMap encode(const at::Tensor& t, const int (&order)[4], const uint32_t (&box)[4],
+CUtensorMap encode(const at::TensorBase& t, const int (&order)[4], const uint32_t (&box)[4],
                    uint32_t row_step, bool swizzle_128b) {
   const cuuint64_t bytes[4] = {cuuint64_t(t.size(1)) * t.size(2) * t.size(3) * 4,
                                cuuint64_t(t.size(2)) * t.size(3) * 4,
@@ -81,12 +81,12 @@ CUtensorMap encode(const at::Tensor& t, const int (&order)[4], const uint32_t (&
 
 }  // namespace
 
-CUtensorMap nchw_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_h, uint32_t box_c,
+CUtensorMap nchw_tensor_map(const at::TensorBase& t, uint32_t box_w, uint32_t box_h, uint32_t box_c,
                             uint32_t row_step, bool swizzle_128b) {
   return encode(t, {3, 2, 1, 0}, {box_w, box_h, box_c, 1}, row_step, swizzle_128b);
 }
 
-CUtensorMap nwch_box_tensor_map(const at::Tensor& t, uint32_t box_w, uint32_t box_c,
+CUtensorMap nwch_box_tensor_map(const at::TensorBase& t, uint32_t box_w, uint32_t box_c,
                                 uint32_t box_h, bool swizzle_128b) {
   return encode(t, {3, 1, 2, 0}, {box_w, box_c, box_h, 1}, 1, swizzle_128b);
 }

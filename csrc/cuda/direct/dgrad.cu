@@ -7,9 +7,7 @@
 // (kh, kw) reaches input row ih from output row (ih + pad - kh*dil) / stride
 // when that division is exact. The weight slab is staged in shared memory
 // as [co, kh][kw][ci], the transpose the gather needs.
-#include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include "../common.cuh"
 #include "../kernel_sizes.cuh"
@@ -131,8 +129,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-void launch_dgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
-                         const at::Tensor& w, at::Tensor& grad_in) {
+void launch_dgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
+                         const at::TensorBase& w, at::TensorBase& grad_in) {
   const int tile_w = pick_pixel_tile_w(p.in_w);
   const int tile_h = kThreads / tile_w;
   const int64_t rows = p.out_channels_per_group() * p.kernel_h;
@@ -152,7 +150,7 @@ void launch_dgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
     auto kernel =
         dgrad_direct_kernel<T, decltype(kh)::value, decltype(kw)::value>;
     ensure_dynamic_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    kernel<<<grid, kThreads, smem, current_stream()>>>(
         p, grad_out.data_ptr<T>(), w.data_ptr<T>(), grad_in.data_ptr<T>(),
         tile_w, rows_per_stage);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -161,8 +159,9 @@ void launch_dgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
 
 }  // namespace
 
-void launch_dgrad_direct(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& w,
-                         at::Tensor& grad_in) {
+void launch_dgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
+                         const at::TensorBase& w,
+                         at::TensorBase& grad_in) {
   AT_DISPATCH_FLOATING_TYPES(grad_out.scalar_type(), "conv2d_ext_dgrad", [&] {
     launch_dgrad_direct<scalar_t>(p, grad_out, w, grad_in);
   });

@@ -2,7 +2,7 @@
 // GPU; the plan's answer wherever no faster family takes a problem.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <ATen/core/TensorBase.h>
 
 #include "../../conv_params.h"
 
@@ -10,14 +10,16 @@ namespace conv2d_ext {
 namespace cuda {
 
 // y = conv(x, w) + b; b may be undefined.
-void launch_fprop_direct(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                         const at::Tensor& b, at::Tensor& y);
+void launch_fprop_direct(const ConvParams& p, const at::TensorBase& x, const at::TensorBase& w,
+                         const at::TensorBase& b, at::TensorBase& y);
 
-void launch_dgrad_direct(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& w,
-                         at::Tensor& grad_in);
+void launch_dgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
+                         const at::TensorBase& w,
+                         at::TensorBase& grad_in);
 
-void launch_wgrad_direct(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
-                         at::Tensor& grad_w);
+void launch_wgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
+                         const at::TensorBase& x,
+                         at::TensorBase& grad_w);
 
 }  // namespace cuda
 }  // namespace conv2d_ext

@@ -8,9 +8,7 @@
 // slab of (input channel, kernel row) pairs at a time and read back as
 // broadcasts; input values come through the L1 cache, which catches the
 // reuse between neighbouring taps.
-#include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include "../common.cuh"
 #include "../kernel_sizes.cuh"
@@ -113,8 +111,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-void launch_fprop_direct(const ConvParams& p, const at::Tensor& x,
-                         const at::Tensor& w, const T* bias, at::Tensor& y) {
+void launch_fprop_direct(const ConvParams& p, const at::TensorBase& x,
+                         const at::TensorBase& w, const T* bias, at::TensorBase& y) {
   const int tile_w = pick_pixel_tile_w(p.out_w);
   const int tile_h = kThreads / tile_w;
   const int64_t rows = p.in_channels_per_group() * p.kernel_h;
@@ -134,7 +132,7 @@ void launch_fprop_direct(const ConvParams& p, const at::Tensor& x,
     auto kernel = fprop_direct_kernel<T, decltype(kh)::value,
                                       decltype(kw)::value>;
     ensure_dynamic_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    kernel<<<grid, kThreads, smem, current_stream()>>>(
         p, x.data_ptr<T>(), w.data_ptr<T>(), bias, y.data_ptr<T>(), tile_w,
         rows_per_stage);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -143,8 +141,8 @@ void launch_fprop_direct(const ConvParams& p, const at::Tensor& x,
 
 }  // namespace
 
-void launch_fprop_direct(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                         const at::Tensor& b, at::Tensor& y) {
+void launch_fprop_direct(const ConvParams& p, const at::TensorBase& x, const at::TensorBase& w,
+                         const at::TensorBase& b, at::TensorBase& y) {
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_ext_fprop", [&] {
     launch_fprop_direct<scalar_t>(p, x, w, b.defined() ? b.data_ptr<scalar_t>() : nullptr, y);
   });

@@ -9,9 +9,7 @@
 // the block reduces its threads in a fixed tree. Slices land in a workspace
 // that a second kernel sums in slice order. No atomics anywhere, so the
 // result is bitwise identical from run to run on the same GPU.
-#include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include <limits>
 
@@ -124,7 +122,7 @@ __global__ void __launch_bounds__(kThreads)
 // int, with headroom for its loop step). Depends only on the shape and the
 // GPU, so results are reproducible.
 int64_t pick_rows_per_split(const ConvParams& p, int64_t tiles) {
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int sms = device_properties()->multiProcessorCount;
   const int64_t rows = p.batch * p.out_h;
   const int64_t target_blocks = 4 * static_cast<int64_t>(sms);
   int64_t splits = std::max<int64_t>(1, ceil_div(target_blocks, tiles));
@@ -134,8 +132,8 @@ int64_t pick_rows_per_split(const ConvParams& p, int64_t tiles) {
 }
 
 template <typename T>
-void launch_wgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
-                         const at::Tensor& x, at::Tensor& grad_w) {
+void launch_wgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
+                         const at::TensorBase& x, at::TensorBase& grad_w) {
   TORCH_CHECK(p.batch * p.out_h <= std::numeric_limits<int32_t>::max(),
               "conv2d_ext: batch * output height must fit in int32");
   const bool specialise = std::is_same<T, float>::value;
@@ -154,9 +152,9 @@ void launch_wgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
                     splits <= kMaxGridYZ,
                 "conv2d_ext: weight gradient too large");
 
-    at::Tensor partial =
-        splits == 1 ? grad_w : at::empty({splits, p.weight_numel()}, x.options());
-    auto stream = at::cuda::getCurrentCUDAStream();
+    at::TensorBase partial =
+        splits == 1 ? grad_w : scratch({splits, p.weight_numel()}, x.scalar_type());
+    auto stream = current_stream();
     wgrad_direct_kernel<T, decltype(kh)::value, decltype(kw)::value>
         <<<dim3(tiles, splits), kThreads, 0, stream>>>(
             p, grad_out.data_ptr<T>(), x.data_ptr<T>(), partial.data_ptr<T>(),
@@ -168,8 +166,9 @@ void launch_wgrad_direct(const ConvParams& p, const at::Tensor& grad_out,
 
 }  // namespace
 
-void launch_wgrad_direct(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
-                         at::Tensor& grad_w) {
+void launch_wgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
+                         const at::TensorBase& x,
+                         at::TensorBase& grad_w) {
   AT_DISPATCH_FLOATING_TYPES(grad_out.scalar_type(), "conv2d_ext_wgrad", [&] {
     launch_wgrad_direct<scalar_t>(p, grad_out, x, grad_w);
   });

@@ -24,7 +24,6 @@
 // where rows are aligned. Two chunks are staged where they fit, the next
 // one's copies in flight while this one computes (faster than one; see
 // docs/kernels.md, "Few channels on FFMA").
-#include <ATen/ATen.h>
 
 #include "dgrad.cuh"
 
@@ -67,8 +66,8 @@ void launch_arrange_phase_weights(dim3 grid, cudaStream_t stream, const ConvPara
 
 }  // namespace few_channels_dgrad
 
-void launch_dgrad_few_channels(const ConvParams& p, const at::Tensor& grad_out,
-                                 const at::Tensor& w, at::Tensor& grad_in) {
+void launch_dgrad_few_channels(const ConvParams& p, const at::TensorBase& grad_out,
+                                 const at::TensorBase& w, at::TensorBase& grad_in) {
   TORCH_CHECK(conv2d_ext::few_channels::dgrad_fits(p),
               "conv2d_ext: internal error: few-channel dgrad does not fit");
   const bool vec = few_channels::can_vectorise(grad_out.data_ptr(), p.out_w);

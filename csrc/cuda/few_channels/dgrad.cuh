@@ -3,8 +3,6 @@
 // (kernel size, input channels) launch each (few_channels/instantiations/).
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include <algorithm>
 #include <cmath>
@@ -503,14 +501,14 @@ inline BlockOrder block_order(const ConvParams& p, int64_t tiles, int64_t tiles_
   // one group without locality (docs/kernels.md, "Few channels on FFMA").
   const int64_t items = int64_t(grid.y) * grid.z;
   const int64_t wave =
-      int64_t(kBlocksPerSm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      int64_t(kBlocksPerSm) * device_properties()->multiProcessorCount;
   const int64_t groups = std::max<int64_t>(1, ceil_div(pairs * items, wave));
   order.items = static_cast<int>(std::min<int64_t>(ceil_div(items, groups), INT32_MAX));
   return order;
 }
 
 template <int KH, int KW, int kCi>
-void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
+void launch(const ConvParams& p, const at::TensorBase& grad_out, const float* w, float* gi,
             bool vec) {
   const fc::DgradVariant v = fc::choose_dgrad_variant(p, KH > 0);
   if constexpr (KH > 0) {
@@ -534,11 +532,11 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
   const int64_t phases = p.stride_h * p.stride_w;
   const int64_t blocks = tiles * phases;
   TORCH_CHECK(blocks < (int64_t(1) << 31), "conv2d_ext: input too large for the few-channel dgrad");
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = current_stream();
 
   // Window phases read their weights prearranged (see the kernel); strides
   // past 8 (mostly phases no tap reaches) stage them from the weight itself.
-  at::Tensor w_phase;
+  at::TensorBase w_phase;
   int phase_floats = 0;
   if (KH > 0 && p.stride_h % p.dilation_h == 0 && phases <= 64) {
     const int64_t co_pad = ceil_div(p.out_channels_per_group(), kChunk) * kChunk;
@@ -546,7 +544,7 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
     TORCH_CHECK(floats < (int64_t(1) << 31) && phases < (int64_t(1) << 31),
                 "conv2d_ext: weight too large for the few-channel dgrad");
     phase_floats = static_cast<int>(floats);
-    w_phase = at::empty({p.groups * phases * floats}, grad_out.options());
+    w_phase = scratch({p.groups * phases * floats}, grad_out.scalar_type());
     const dim3 grid(static_cast<unsigned>(ceil_div(floats, 256)),
                     static_cast<unsigned>(std::min(phases, kMaxGridYZ)),
                     static_cast<unsigned>(std::min(p.groups, kMaxGridYZ)));
@@ -595,20 +593,20 @@ void launch(const ConvParams& p, const at::Tensor& grad_out, const float* w, flo
 // (few_channels/instantiations/), so that the build compiles them in
 // parallel; here they are only declared.
 #define CONV2D_EXT_EXTERN_DGRAD_CI(H, W)                                                    \
-  extern template void launch<H, W, 1>(const ConvParams&, const at::Tensor&, const float*, \
+  extern template void launch<H, W, 1>(const ConvParams&, const at::TensorBase&, const float*, \
                                        float*, bool);                                      \
-  extern template void launch<H, W, 2>(const ConvParams&, const at::Tensor&, const float*, \
+  extern template void launch<H, W, 2>(const ConvParams&, const at::TensorBase&, const float*, \
                                        float*, bool);                                      \
-  extern template void launch<H, W, 3>(const ConvParams&, const at::Tensor&, const float*, \
+  extern template void launch<H, W, 3>(const ConvParams&, const at::TensorBase&, const float*, \
                                        float*, bool);                                      \
-  extern template void launch<H, W, 4>(const ConvParams&, const at::Tensor&, const float*, \
+  extern template void launch<H, W, 4>(const ConvParams&, const at::TensorBase&, const float*, \
                                        float*, bool);
 CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE(CONV2D_EXT_EXTERN_DGRAD_CI)
 CONV2D_EXT_EXTERN_DGRAD_CI(0, 0)
 #undef CONV2D_EXT_EXTERN_DGRAD_CI
 
 template <int KH, int KW>
-void launch_size(const ConvParams& p, const at::Tensor& grad_out, const float* w, float* gi,
+void launch_size(const ConvParams& p, const at::TensorBase& grad_out, const float* w, float* gi,
                  bool vec) {
   switch (p.in_channels_per_group()) {
     case 1:

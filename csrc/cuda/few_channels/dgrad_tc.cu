@@ -25,8 +25,6 @@
 // bulk copy on Hopper, async copies elsewhere) while the previous chunk
 // computes. Sums in two levels, as in the FFMA gather: a chunk's products
 // into `part`, the chunks' into `acc`.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include <algorithm>
 
@@ -256,8 +254,8 @@ __global__ void __launch_bounds__(kBlock, 2)
 
 }  // namespace
 
-void launch_dgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
-                                    const at::Tensor& w, at::Tensor& grad_in) {
+void launch_dgrad_few_channels_tc(const ConvParams& p, const at::TensorBase& grad_out,
+                                    const at::TensorBase& w, at::TensorBase& grad_in) {
   TORCH_CHECK(fc::dgrad_tc_fits(p),
               "conv2d_ext: internal error: few-channel tensor-core dgrad does not fit");
   const fc::DgradTcLayout L = fc::dgrad_tc_layout(p);
@@ -268,10 +266,10 @@ void launch_dgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_ou
   TORCH_CHECK(stages < (int64_t(1) << 31) && p.groups <= kMaxGridYZ &&
                   p.groups * n_chunks * L.weight_floats < (int64_t(1) << 31),
               "conv2d_ext: problem too large for the few-channel tensor-core dgrad");
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = current_stream();
 
   // The weights, arranged (and rounded) once per call.
-  at::Tensor w_arr = at::empty({p.groups * n_chunks * L.weight_floats}, w.options());
+  at::TensorBase w_arr = scratch({p.groups * n_chunks * L.weight_floats}, w.scalar_type());
   const dim3 arrange_grid(static_cast<unsigned>(ceil_div(fc::kDgradTcN * L.weight_pitch, 256)),
                           static_cast<unsigned>(std::min(p.groups * n_chunks, kMaxGridYZ)));
   arrange_dgrad_tc_weights<<<arrange_grid, 256, 0, stream>>>(
@@ -291,7 +289,7 @@ void launch_dgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_ou
   ensure_dynamic_smem(kernel, smem);
   // One wave of blocks over the groups, each striding over stages.
   const int64_t slots = int64_t(max_blocks_per_sm(kernel, kBlock, smem)) *
-                        at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+                        device_properties()->multiProcessorCount;
   const int64_t blocks_x = std::max<int64_t>(1, std::min(stages, ceil_div(slots, p.groups)));
   kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(p.groups)), kBlock, smem,
            stream>>>(go_map, p, grad_out.data_ptr<float>(), w_arr.data_ptr<float>(),

@@ -3,8 +3,6 @@
 // its halo in shared memory.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include <algorithm>
 
@@ -180,18 +178,18 @@ void dispatch_narrow_channels(int64_t cout_g, Fn&& fn) {
 // reproducible.
 struct Split {
   int per_slice, slices;
-  at::Tensor partial;
+  at::TensorBase partial;
 };
 
-inline Split split_stages(int64_t tiles, int64_t stages, int waves, const at::Tensor& grad_w,
+inline Split split_stages(int64_t tiles, int64_t stages, int waves, const at::TensorBase& grad_w,
                           int64_t numel) {
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int sms = device_properties()->multiProcessorCount;
   const int64_t want = ceil_div(int64_t(waves) * sms, tiles);
   const int64_t slices = std::max<int64_t>(1, std::min<int64_t>({want, stages, kMaxGridYZ}));
   Split sp;
   sp.per_slice = static_cast<int>(ceil_div(stages, slices));
   sp.slices = static_cast<int>(ceil_div(stages, sp.per_slice));
-  sp.partial = sp.slices == 1 ? grad_w : at::empty({sp.slices, numel}, grad_w.options());
+  sp.partial = sp.slices == 1 ? grad_w : scratch({sp.slices, numel}, grad_w.scalar_type());
   return sp;
 }
 

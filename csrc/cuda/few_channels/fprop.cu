@@ -18,8 +18,6 @@
 //   tile, and every staged input value feeds 16 multiply-adds.
 // Lanes of a warp own consecutive columns (or column pairs): coalesced
 // stores, conflict-free shared reads at unit stride.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include "../../plan.h"
 #include "../kernel_sizes.cuh"
@@ -555,7 +553,7 @@ void launch(const FpropArgs& a) {
   const int tile_cols = static_cast<int>(fc::fprop_tile_cols(p, kCoGroups == 1));
   const int64_t tiles = ceil_div(p.out_h, kTileRows) * ceil_div(p.out_w, tile_cols);
   const int64_t channel_tiles = p.groups * ceil_div(p.out_channels_per_group(), kCo * kCoGroups);
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int sms = device_properties()->multiProcessorCount;
   // Narrow tiles: a thread per column (or column pair) of the tile.
   const int threads =
       kCoGroups == 1 ? fc::kSlots * static_cast<int>(ceil_div(tile_cols, kCols)) : fc::kThreads;
@@ -564,7 +562,7 @@ void launch(const FpropArgs& a) {
     const bool one_wave = kCoGroups > 1 || tiles == 1;
     const int per_sm = one_wave ? max_blocks_per_sm(kernel, threads, smem) : 0;
     const int64_t blocks = choose_grid(p, kCoGroups > 1, tiles, channel_tiles, per_sm, sms);
-    kernel<<<static_cast<unsigned>(blocks), threads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    kernel<<<static_cast<unsigned>(blocks), threads, smem, current_stream()>>>(
         a.x_map, p, a.x, a.w, a.bias, a.y, a.order, a.vec, a.tma, h.rows, h.pitch, tile_cols);
   };
   static_assert(fc::kFpropStages == 3, "one instantiation per stage count");
@@ -578,8 +576,9 @@ void launch(const FpropArgs& a) {
 
 }  // namespace
 
-void launch_fprop_few_channels(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                                 const float* bias, at::Tensor& y, WeightOrder order) {
+void launch_fprop_few_channels(const ConvParams& p, const at::TensorBase& x,
+                               const at::TensorBase& w,
+                                 const float* bias, at::TensorBase& y, WeightOrder order) {
   TORCH_CHECK(fc::fprop_fits(p), "conv2d_ext: internal error: few-channel forward does not fit");
   TORCH_CHECK(ceil_div(p.out_h, fc::fprop_tile_rows(p)) * ceil_div(p.out_w, fc::kTileCols) <
                   (int64_t(1) << 31),

@@ -33,8 +33,6 @@
 // to nearest) add the temporaries up. Two steps per temporary (four such
 // truncations per temporary) left more error than cuDNN's FP32 on short
 // reductions.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include "../../plan.h"
 #include "../mma.cuh"
@@ -348,8 +346,9 @@ __global__ void __launch_bounds__(kBlock, kTf32x3 || kSm90 ? 1 : 2)
 
 }  // namespace
 
-void launch_fprop_few_channels_tc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w,
-                                    const float* bias, at::Tensor& y, MathMode math) {
+void launch_fprop_few_channels_tc(const ConvParams& p, const at::TensorBase& x,
+                                  const at::TensorBase& w,
+                                    const float* bias, at::TensorBase& y, MathMode math) {
   const bool tf32x3 = math == MathMode::kIEEE;
   const fc::FpropTcLayout L = fc::fprop_tc_layout(p, tf32x3);
   TORCH_CHECK(fc::fprop_tc_fits(p, tf32x3, current_sm()),
@@ -391,10 +390,10 @@ void launch_fprop_few_channels_tc(const ConvParams& p, const at::Tensor& x, cons
   // One wave of blocks over the channel tiles, each striding over stages.
   const int64_t tiles = p.groups * co_tiles;
   const int64_t slots = int64_t(max_blocks_per_sm(kernel, kBlock, smem)) *
-                        at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+                        device_properties()->multiProcessorCount;
   const int64_t blocks_x = std::max<int64_t>(1, std::min(stages, ceil_div(slots, tiles)));
   kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(tiles)), kBlock, smem,
-           at::cuda::getCurrentCUDAStream()>>>(x_map, y_map, p, x.data_ptr<float>(),
+           current_stream()>>>(x_map, y_map, p, x.data_ptr<float>(),
                                                w.data_ptr<float>(), bias, y.data_ptr<float>(), L,
                                                vec, tma, vec_out, tma_out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

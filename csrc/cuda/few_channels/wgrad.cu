@@ -19,8 +19,6 @@
 //   kernel's buffers do not fit.
 // Pixels outside the output are skipped, never multiplied by zero: an Inf
 // input next to the output's edge must not turn into NaN.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include <algorithm>
 
@@ -268,8 +266,8 @@ __global__ void __launch_bounds__(fc::kThreads, 2)
 }
 
 template <int KH, int KW, int kCo>
-Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tensor& x_t,
-                    const at::Tensor& grad_w, bool vec, bool vec_go) {
+Split launch_narrow(const ConvParams& p, const at::TensorBase& go_t, const at::TensorBase& x_t,
+                    const at::TensorBase& grad_w, bool vec, bool vec_go) {
   constexpr int kTaps = narrow_taps<KH, KW, kCo>();
   // h.cols: the input columns of the tile's threads inside the plane
   // (fc::wgrad_tile_cols).
@@ -292,7 +290,7 @@ Split launch_narrow(const ConvParams& p, const at::Tensor& go_t, const at::Tenso
   }
   auto kernel = wgrad_narrow_kernel<KH, KW, kCo>;
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<dim3(blocks_x, sp.slices), fc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<dim3(blocks_x, sp.slices), fc::kThreads, smem, current_stream()>>>(
       x_map, go_map, p, go_t.data_ptr<float>(), x_t.data_ptr<float>(), sp.partial.data_ptr<float>(),
       vec, vec_go, tma, h.rows, h.pitch, h.cols, segs, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -483,7 +481,7 @@ __global__ void __launch_bounds__(fc::kThreads, 2)
 }
 
 Split launch_wide(const ConvParams& p, const float* go, const float* x,
-                  const at::Tensor& grad_w, bool vec) {
+                  const at::TensorBase& grad_w, bool vec) {
   const fc::Halo h = fc::wgrad_halo(p);
   const int64_t n_total = p.in_channels_per_group() * p.kernel_h * p.kernel_w;
   const int64_t ng_total = ceil_div(n_total, kTileN);
@@ -502,7 +500,7 @@ Split launch_wide(const ConvParams& p, const float* go, const float* x,
   const size_t smem = static_cast<size_t>(std::max(fc::wgrad_wide_smem_bytes(p, workers), red_bytes));
   auto kernel = wgrad_wide_kernel;
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<dim3(blocks_x, sp.slices), fc::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<dim3(blocks_x, sp.slices), fc::kThreads, smem, current_stream()>>>(
       p, go, x, sp.partial.data_ptr<float>(), vec, h.rows, h.pitch, n_parts, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return sp;
@@ -510,8 +508,8 @@ Split launch_wide(const ConvParams& p, const float* go, const float* x,
 
 }  // namespace
 
-void launch_wgrad_few_channels(const ConvParams& p, const at::Tensor& grad_out,
-                                 const at::Tensor& x, at::Tensor& grad_w) {
+void launch_wgrad_few_channels(const ConvParams& p, const at::TensorBase& grad_out,
+                                 const at::TensorBase& x, at::TensorBase& grad_w) {
   TORCH_CHECK(fc::wgrad_fits(p, current_sm()),
               "conv2d_ext: internal error: few-channel wgrad does not fit");
   const bool vec = few_channels::can_vectorise(x.data_ptr(), p.in_w);

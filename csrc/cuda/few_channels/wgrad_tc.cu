@@ -37,8 +37,6 @@
 // (one stage on mma.sync) or wgrad_tc::run_stage_sm90 (on wgmma),
 // reduce_warps (warps that split the k8 steps meet) and store_partials /
 // store_partials_sm90 (the epilogue).
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include <algorithm>
 
@@ -531,8 +529,9 @@ __global__ void __launch_bounds__(kBlock, kTf32x3 ? 1 : 2)
 
 }  // namespace
 
-void launch_wgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_out,
-                                    const at::Tensor& x, at::Tensor& grad_w, MathMode math) {
+void launch_wgrad_few_channels_tc(const ConvParams& p, const at::TensorBase& grad_out,
+                                    const at::TensorBase& x, at::TensorBase& grad_w,
+                                        MathMode math) {
   const bool tf32x3 = math == MathMode::kIEEE;
   TORCH_CHECK(fc::wgrad_tc_fits(p, tf32x3),
               "conv2d_ext: internal error: few-channel tensor-core wgrad does not fit");
@@ -564,7 +563,7 @@ void launch_wgrad_few_channels_tc(const ConvParams& p, const at::Tensor& grad_ou
                 : v.tf32x3 ? wgrad_tc_kernel<true, false>
                            : wgrad_tc_kernel<false, false>;
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<dim3(blocks_x, sp.slices), kBlock, smem, at::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<dim3(blocks_x, sp.slices), kBlock, smem, current_stream()>>>(
       x_map, go_map, p, grad_out.data_ptr<float>(), x.data_ptr<float>(),
       sp.partial.data_ptr<float>(), vec, vec_go, tma, h.rows, h.pitch, n_parts, sp.per_slice);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -14,8 +14,6 @@
 //
 // Math: TF32 rounds each operand to nearest; 3xTF32 splits each into
 // big + small and accumulates small*big + big*small before big*big.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include "../common.cuh"
 #include "../kernel_sizes.cuh"
@@ -402,16 +400,16 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 
 }  // namespace
 
-void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
-                                const at::Tensor& w, const float* bias,
-                                at::Tensor& y, MathMode math, bool sm90, WeightOrder order) {
+void launch_fprop_implicit_gemm(const ConvParams& p, const at::TensorBase& x,
+                                const at::TensorBase& w, const float* bias,
+                                at::TensorBase& y, MathMode math, bool sm90, WeightOrder order) {
   const bool tf32x3 = sm90 && math == MathMode::kIEEE;  // weights pre-split
   const cfg::Layout L = cfg::choose_layout(p, cfg::weight_floats_per_tap(sm90, tf32x3));
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = current_stream();
 
   const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * p.kernel_h *
                         p.kernel_w * L.weight_floats_per_tap;
-  at::Tensor w_tiles = at::empty({total}, w.options());
+  at::TensorBase w_tiles = scratch({total}, w.scalar_type());
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.co_tiles, total,

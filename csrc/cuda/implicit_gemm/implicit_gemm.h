@@ -2,7 +2,7 @@
 // forward also has a wgmma main loop on Hopper). Tiles: config.h.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <ATen/core/TensorBase.h>
 
 #include "../../conv_params.h"
 #include "../../plan.h"
@@ -15,15 +15,15 @@ namespace cuda {
 // grad_input. x, w contiguous float32; bias may be null. `sm90` picks the
 // wgmma main loop (Algo::kImplicitGemmSm90), else mma.sync
 // (Algo::kImplicitGemm).
-void launch_fprop_implicit_gemm(const ConvParams& p, const at::Tensor& x,
-                                const at::Tensor& w, const float* bias,
-                                at::Tensor& y, MathMode math, bool sm90,
+void launch_fprop_implicit_gemm(const ConvParams& p, const at::TensorBase& x,
+                                const at::TensorBase& w, const float* bias,
+                                at::TensorBase& y, MathMode math, bool sm90,
                                 WeightOrder order);
 
 // wgrad: grad_output, x contiguous float32; grad_w [Cout][Cin/g][KH][KW]
 // (Algo::kImplicitGemm for Pass::kWgrad).
-void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
-                                const at::Tensor& x, at::Tensor& grad_w, MathMode math);
+void launch_wgrad_implicit_gemm(const ConvParams& p, const at::TensorBase& grad_out,
+                                const at::TensorBase& x, at::TensorBase& grad_w, MathMode math);
 
 }  // namespace cuda
 }  // namespace conv2d_ext

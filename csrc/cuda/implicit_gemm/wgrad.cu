@@ -30,8 +30,6 @@
 // Pixels past the output's right edge have zero grad_output, but the halo
 // they read may hold Inf or NaN that no real product meets: their B values
 // are zeroed too (0 * Inf would be NaN).
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 
 #include "../common.cuh"
 #include "../mma.cuh"
@@ -324,8 +322,8 @@ __global__ void __launch_bounds__(cfg::kThreads, 1)
 
 }  // namespace
 
-void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
-                                const at::Tensor& x, at::Tensor& grad_w, MathMode math) {
+void launch_wgrad_implicit_gemm(const ConvParams& p, const at::TensorBase& grad_out,
+                                const at::TensorBase& x, at::TensorBase& grad_w, MathMode math) {
   const cfg::Layout L = cfg::choose_layout(p, math == MathMode::kIEEE, current_sm());
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
               "tensor-core wgrad for a problem it does not fit");
@@ -346,10 +344,10 @@ void launch_wgrad_implicit_gemm(const ConvParams& p, const at::Tensor& grad_out,
                                : cfg::SumChunks{tiles_per_split, 1};
   const int64_t chunks = c.chunks;
 
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = current_stream();
   const int64_t slots = splits * chunks;
-  at::Tensor partial =
-      slots == 1 ? grad_w : at::empty({slots, p.weight_numel()}, grad_w.options());
+  at::TensorBase partial =
+      slots == 1 ? grad_w : scratch({slots, p.weight_numel()}, grad_w.scalar_type());
   kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), cfg::kThreads,
            L.smem_bytes, stream>>>(p, grad_out.data_ptr<float>(), x.data_ptr<float>(),
                                    partial.data_ptr<float>(), L, tiles_per_split,

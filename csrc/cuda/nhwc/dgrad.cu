@@ -1,8 +1,10 @@
-// Strided dgrad over channels_last operands: one engine forward per stride
-// phase (dgrad_phases in conv_params.h), each over grad_output with its
-// sub-kernel, writing its pixels of grad_input in place through the
-// forward's output map, so no multiply-add touches the zeros a stride
-// inserts and no phase result is copied. Host code only.
+// The engine's host code that needs tensor operators, apart from its
+// kernels' files (which include TensorBase only): the dgrad's weight, and
+// strided dgrad over channels_last operands: one
+// engine forward per stride phase (dgrad_phases in conv_params.h), each
+// over grad_output with its sub-kernel, writing its pixels of grad_input
+// in place through the forward's output map, so no multiply-add touches
+// the zeros a stride inserts and no phase result is copied.
 #include <ATen/ATen.h>
 
 #include "../../conv_params.h"
@@ -12,20 +14,24 @@
 namespace conv2d_ext {
 namespace cuda {
 
-void launch_dgrad_nhwc_phases(const ConvParams& p, const at::Tensor& grad_out,
-                              const at::Tensor& w, at::Tensor& grad_in) {
+at::TensorBase nhwc_dgrad_weight(const at::TensorBase& w) {
+  return at::Tensor(w).flip({2, 3}).permute({1, 2, 3, 0}).contiguous();
+}
+
+void launch_dgrad_nhwc_phases(const ConvParams& p, const at::TensorBase& grad_out,
+                              const at::TensorBase& w, at::TensorBase& grad_in) {
   TORCH_CHECK(igemm_nhwc::dgrad_phases_fit(p, static_cast<int>(grad_out.element_size())) &&
                   grad_in.is_contiguous(at::MemoryFormat::ChannelsLast),
               "conv2d_ext: internal error: the channels_last strided dgrad got a layer it "
               "does not take");
   // The weight as [C][K][R][S], flipped, so that a phase's sub-kernel is a
   // strided slice of it (as launch_dgrad_phases in ../dgrad.cu).
-  const at::Tensor flipped = w.transpose(0, 1).flip({2, 3});
+  const at::Tensor flipped = at::Tensor(w).transpose(0, 1).flip({2, 3});
   const int64_t row_pitch = p.in_w * p.in_channels;
   for (const DgradPhase& ph : dgrad_phases(p)) {
     const ConvParams& f = ph.fprop;
     if (f.kernel_h == 0 || f.kernel_w == 0) {
-      grad_in.slice(2, ph.row0, p.in_h, p.stride_h)
+      at::Tensor(grad_in).slice(2, ph.row0, p.in_h, p.stride_h)
           .slice(3, ph.col0, p.in_w, p.stride_w)
           .zero_();
       continue;

@@ -10,8 +10,6 @@
 // of row r at c ^ (r % 8) (the 128-byte swizzle): the copies of a row and
 // ldmatrix's reads of 8 rows at one chunk both hit 8 distinct bank groups.
 // cfg::stages() K tiles are in flight; one barrier per K tile.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -166,7 +164,7 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const f
   const size_t smem = static_cast<size_t>(cfg::smem_bytes({BM, BN}));
   ensure_dynamic_smem(kernel, smem);
   kernel<<<static_cast<unsigned>(g.m_tiles * g.n_tiles), cfg::kThreads, smem,
-           at::cuda::getCurrentCUDAStream()>>>(p, out, x, w, bias, y,
+           current_stream()>>>(p, out, x, w, bias, y,
                                                static_cast<int>(g.n_tiles),
                                                static_cast<int>(g.c_tiles),
                                                static_cast<int>(g.k_tiles));
@@ -175,8 +173,8 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const float* x, const f
 
 }  // namespace
 
-void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
-                       const at::Tensor& bias, at::Tensor& y) {
+void launch_fprop_nhwc(const ConvParams& p, const at::TensorBase& x, const at::TensorBase& w_nrsc,
+                       const at::TensorBase& bias, at::TensorBase& y) {
   launch_fprop_nhwc(p, cfg::dense_out(p), x, w_nrsc, bias, y);
 }
 
@@ -185,23 +183,24 @@ namespace {
 // 16-bit operands, as CUDA's types, on the wgmma forward (the plan takes
 // them to the engine only on Hopper).
 template <typename E>
-void launch_16bit(const ConvParams& p, const cfg::OutMap& out, const at::Tensor& x,
-                  const at::Tensor& w, const at::Tensor& bias, at::Tensor& y) {
+void launch_16bit(const ConvParams& p, const cfg::OutMap& out, const at::TensorBase& x,
+                  const at::TensorBase& w, const at::TensorBase& bias, at::TensorBase& y) {
   const int sm = current_sm();
   TORCH_CHECK(nhwc_wgmma(sm), "conv2d_ext: internal error: 16-bit operands reached the "
               "channels_last engine without its wgmma forward");
   const cfg::FpropKernel k =
-      cfg::choose_fprop(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
+      cfg::choose_fprop(p, device_properties()->multiProcessorCount,
                         /*hopper=*/true, nhwc_split_k(sm), nhwc_wide_tiles(sm), /*elem_bytes=*/2);
-  auto ptr = [](const at::Tensor& t) { return reinterpret_cast<const E*>(t.data_ptr()); };
+  auto ptr = [](const at::TensorBase& t) { return reinterpret_cast<const E*>(t.data_ptr()); };
   launch_fprop_nhwc_wgmma<E>(p, out, ptr(x), ptr(w), bias.defined() ? ptr(bias) : nullptr,
                              reinterpret_cast<E*>(y.data_ptr()), k);
 }
 
 }  // namespace
 
-void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Tensor& x,
-                       const at::Tensor& w_nrsc, const at::Tensor& bias, at::Tensor& y) {
+void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::TensorBase& x,
+                       const at::TensorBase& w_nrsc, const at::TensorBase& bias,
+                           at::TensorBase& y) {
   const at::ScalarType t = x.scalar_type();
   const int elem_bytes = static_cast<int>(x.element_size());
   TORCH_CHECK((t == at::kFloat || is_16bit(t)) && w_nrsc.scalar_type() == t &&
@@ -211,8 +210,8 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
                   y.size(1) == p.out_channels,
               "conv2d_ext: internal error: the channels_last engine got operands it does not "
               "take");
-  const at::Tensor xa = aligned_16(x, at::MemoryFormat::ChannelsLast);
-  const at::Tensor wa = aligned_16(w_nrsc, at::MemoryFormat::Contiguous);
+  const at::TensorBase xa = aligned_16(x, at::MemoryFormat::ChannelsLast);
+  const at::TensorBase wa = aligned_16(w_nrsc, at::MemoryFormat::Contiguous);
   if (t == at::kHalf) {
     launch_16bit<__half>(p, out, xa, wa, bias, y);
     return;
@@ -227,7 +226,7 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
   float* yp = y.data_ptr<float>();
   const int sm = current_sm();
   cfg::FpropKernel k =
-      cfg::choose_fprop(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
+      cfg::choose_fprop(p, device_properties()->multiProcessorCount,
                         nhwc_wgmma(sm), nhwc_split_k(sm), nhwc_wide_tiles(sm));
   k.round = !option(Option::kNhwcTf32Truncate);
   const cfg::Tile tile = k.tile;
@@ -240,10 +239,6 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
   } else {
     launch<64, 64, 2>(p, out, xp, wp, bp, yp);
   }
-}
-
-at::Tensor nhwc_dgrad_weight(const at::Tensor& w) {
-  return w.flip({2, 3}).permute({1, 2, 3, 0}).contiguous();
 }
 
 }  // namespace cuda

@@ -23,8 +23,6 @@
 // three compile in parallel.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_bf16.h>
@@ -246,7 +244,7 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
               "conv2d_ext: internal error: K slices do not cover the K tiles");
   const size_t smem = static_cast<size_t>(cfg::wgmma_smem_bytes({kBM, BN}));
   const dim3 grid(static_cast<unsigned>(g.m_tiles * g.n_tiles), static_cast<unsigned>(k.splits));
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   if (k.splits == 1) {
     auto kernel = fprop_nhwc_wgmma_kernel<BN, E, E>;
     ensure_dynamic_smem(kernel, smem);
@@ -262,9 +260,8 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
     auto kernel = fprop_nhwc_wgmma_kernel<BN, E, float>;
     ensure_dynamic_smem(kernel, smem);
     const int64_t mn = p.gemm_m() * p.out_channels;
-    const at::Tensor partial =
-        at::empty({k.splits, mn}, at::TensorOptions().dtype(at::kFloat).device(
-                                      at::kCUDA, c10::cuda::current_device()));
+    const at::TensorBase partial =
+        scratch({k.splits, mn}, at::kFloat);
     kernel<<<grid, cfg::kThreads, smem, stream>>>(
         p, cfg::dense_out(p), x, w, nullptr, partial.data_ptr<float>(),
         static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles), static_cast<int>(g.k_tiles),

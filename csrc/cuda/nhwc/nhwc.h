@@ -3,7 +3,7 @@
 // float16 and bfloat16 on Hopper's wgmma forward. Tiles: config.h.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <ATen/core/TensorBase.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -20,19 +20,19 @@ namespace cuda {
 // native_16bit). Also dgrad at unit stride: p = dgrad_as_fprop(layer),
 // x = grad_output, w = the layer's weight flipped and transposed
 // (nhwc_dgrad_weight).
-void launch_fprop_nhwc(const ConvParams& p, const at::Tensor& x, const at::Tensor& w_nrsc,
-                       const at::Tensor& bias, at::Tensor& y);
+void launch_fprop_nhwc(const ConvParams& p, const at::TensorBase& x, const at::TensorBase& w_nrsc,
+                       const at::TensorBase& bias, at::TensorBase& y);
 
 // The same, writing output pixels where `out` places them in y's memory
 // (y channels_last, p.out_channels channels).
-void launch_fprop_nhwc(const ConvParams& p, const igemm_nhwc::OutMap& out, const at::Tensor& x,
-                       const at::Tensor& w_nrsc, const at::Tensor& bias, at::Tensor& y);
+void launch_fprop_nhwc(const ConvParams& p, const igemm_nhwc::OutMap& out, const at::TensorBase& x,
+                       const at::TensorBase& w_nrsc, const at::TensorBase& bias, at::TensorBase& y);
 
 // grad_input of a strided layer (igemm_nhwc::dgrad_phases_fit): one forward
 // per stride phase, each writing its pixels of grad_input in place; phases
 // no tap reaches are zeroed.
-void launch_dgrad_nhwc_phases(const ConvParams& p, const at::Tensor& grad_out,
-                              const at::Tensor& w, at::Tensor& grad_in);
+void launch_dgrad_nhwc_phases(const ConvParams& p, const at::TensorBase& grad_out,
+                              const at::TensorBase& w, at::TensorBase& grad_in);
 
 // The forward on wgmma (fprop_sm90.cuh; 128 x 256, 128 x 128 or 128 x 64
 // tiles, K split as `k` says), launched by launch_fprop_nhwc with its
@@ -59,18 +59,12 @@ inline NhwcGrid nhwc_fprop_grid(const ConvParams& p, const igemm_nhwc::Tile& t,
 // grad_w of a channels_last layer: grad_out, x and grad_w channels_last
 // (grad_w's memory [K][R][S][C]); split over the pixels where tiles are
 // few, reduced in a fixed order.
-void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
-                       at::Tensor& grad_w);
-
-// `t` itself where its data starts 16-byte aligned (the engine's 16-byte
-// copies need it), else a copy in `format`.
-inline at::Tensor aligned_16(const at::Tensor& t, at::MemoryFormat format) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone(format);
-}
+void launch_wgrad_nhwc(const ConvParams& p, const at::TensorBase& grad_out, const at::TensorBase& x,
+                       at::TensorBase& grad_w);
 
 // The layer's weight [K][C][R][S] as the forward weight of its unit-stride
 // dgrad: [C][R][S][K], taps flipped.
-at::Tensor nhwc_dgrad_weight(const at::Tensor& w);
+at::TensorBase nhwc_dgrad_weight(const at::TensorBase& w);
 
 }  // namespace cuda
 }  // namespace conv2d_ext

@@ -15,8 +15,6 @@
 // K is split over grid.y slices where the M x N
 // tiles leave SMs idle; the slices' partial sums are added in slice order
 // (reduce_splits), so the result repeats bitwise.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -392,7 +390,7 @@ constexpr int64_t kFfmaMaxPartials = int64_t(1) << 25;
 constexpr double kPartialFloatsPerStep = double(1 << 21);
 inline KSplit ffma_k_split(int64_t tiles, int64_t k_tiles, int64_t numel) {
   const KSplit wave = one_wave_k_split(tiles, k_tiles, 1);
-  const int64_t slots = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t slots = device_properties()->multiProcessorCount;
   const int64_t first = std::max(wave.splits, ceil_div(k_tiles, kFfmaMaxSliceTiles));
   const int64_t last =
       std::min({first + 64, k_tiles, std::max(first, kFfmaMaxPartials / numel), kMaxGridYZ});
@@ -419,7 +417,7 @@ inline int ffma_run(int64_t tiles_per_split) {
 // grad_w (float32, or 16-bit: then the sums land in a float32 copy of its
 // layout and are rounded once into it).
 template <int BM, int BN, typename E, bool kFfma = false>
-void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad_w) {
+void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::TensorBase& grad_w) {
   const int64_t m_tiles = ceil_div(p.out_channels, BM);
   const int64_t c_tiles = ceil_div(p.in_channels, BN);
   const int64_t tiles = m_tiles * p.taps() * c_tiles;
@@ -432,14 +430,14 @@ void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad
   const at::TensorOptions f32 = grad_w.options().dtype(at::kFloat);
   // (grad_w's strides: channels_last, as the entry checked; poisoned as
   // outputs are, where the option asks.)
-  at::Tensor sums = grad_w.scalar_type() == at::kFloat
+  at::TensorBase sums = grad_w.scalar_type() == at::kFloat
                         ? grad_w
                         : empty_output(grad_w.sizes(), f32, at::MemoryFormat::ChannelsLast);
   // One slice writes the sums itself; more write partial sums, added after.
-  at::Tensor partial = k.splits > 1 ? at::empty({k.splits * numel}, f32) : sums;
+  at::TensorBase partial = k.splits > 1 ? scratch({k.splits * numel}, at::kFloat) : sums;
   const size_t smem = static_cast<size_t>(wgrad_smem_bytes<BM, BN, E>());
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(k.splits));
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   const int ct = static_cast<int>(c_tiles), tps = static_cast<int>(k.tiles_per_split),
             kt = static_cast<int>(k_tiles);
   if constexpr (kFfma) {
@@ -453,11 +451,11 @@ void launch_wgrad(const ConvParams& p, const E* go, const E* x, at::Tensor& grad
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (k.splits > 1) reduce_splits<float>(partial, sums, numel, static_cast<int>(k.splits));
-  if (!sums.is_same(grad_w)) grad_w.copy_(sums);
+  if (!sums.is_same(grad_w)) copy_into(grad_w, sums);
 }
 
 template <typename E, bool kFfma = false>
-void launch_wgrad_tiles(const ConvParams& p, const E* go, const E* x, at::Tensor& grad_w) {
+void launch_wgrad_tiles(const ConvParams& p, const E* go, const E* x, at::TensorBase& grad_w) {
   const bool wide_m = p.out_channels >= 128, wide_n = p.in_channels >= 128;
   // 128 x 128 tiles need more shared memory than sm_86/89/120 give a block.
   const bool fits_128 = wgrad_smem_bytes<128, 128, E>() <= max_block_smem_bytes(current_sm());
@@ -474,8 +472,8 @@ void launch_wgrad_tiles(const ConvParams& p, const E* go, const E* x, at::Tensor
 
 }  // namespace
 
-void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
-                       at::Tensor& grad_w) {
+void launch_wgrad_nhwc(const ConvParams& p, const at::TensorBase& grad_out, const at::TensorBase& x,
+                       at::TensorBase& grad_w) {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   const at::ScalarType t = grad_out.scalar_type();
   TORCH_CHECK((t == at::kFloat || is_16bit(t)) && x.scalar_type() == t &&
@@ -485,7 +483,7 @@ void launch_wgrad_nhwc(const ConvParams& p, const at::Tensor& grad_out, const at
                   grad_w.is_contiguous(kCl),
               "conv2d_ext: internal error: the channels_last wgrad got operands it does not "
               "take");
-  const at::Tensor goa = aligned_16(grad_out, kCl), xa = aligned_16(x, kCl);
+  const at::TensorBase goa = aligned_16(grad_out, kCl), xa = aligned_16(x, kCl);
   auto run = [&](auto* type) {
     using E = std::remove_pointer_t<decltype(type)>;
     launch_wgrad_tiles<E>(p, reinterpret_cast<const E*>(goa.data_ptr()),

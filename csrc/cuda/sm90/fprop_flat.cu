@@ -58,8 +58,6 @@
 // the tf32x3 split); a stage of the main loop is issue_stage_tf32 (TF32) or
 // groups of tf32x3_steps (3xTF32); Epilogue::write_tile stores a tile, with
 // the bias. More in docs/kernels.md, "Flat sm_90 forward".
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <cuda.h>
 
 #include <type_traits>
@@ -763,8 +761,9 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kTf32x3)
 
 }  // namespace
 
-void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const at::Tensor& w,
-                            const float* bias, at::Tensor& y, MathMode math,
+void launch_fprop_sm90_flat(const ConvParams& p, const at::TensorBase& x_in,
+                            const at::TensorBase& w,
+                            const float* bias, at::TensorBase& y, MathMode math,
                             WeightOrder order) {
   const bool tf32x3 = math == MathMode::kIEEE;  // 3xTF32
   const cfg::Layout L = cfg::choose_layout(p, tf32x3);
@@ -772,18 +771,17 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
               "sm_90 flat kernel for a problem it does not fit");
   // TMA reads from a 16-byte aligned base (rows are, by the plan); a view
   // starting elsewhere is copied once.
-  const at::Tensor x =
-      reinterpret_cast<uintptr_t>(x_in.data_ptr()) % 16 == 0 ? x_in : x_in.clone();
+  const at::TensorBase x = aligned_16(x_in, at::MemoryFormat::Preserve);
   // The halo as boxes of one chunk's channels x the halo's rows (every
   // dilation_h-th) x P + 4 columns.
   const CUtensorMap x_map = nchw_tensor_map(
       x, (1u << L.log2_pitch) + cfg::kTmaColumnSlack, static_cast<uint32_t>(L.halo_rows * p.dilation_h),
       static_cast<uint32_t>(8 * L.ksteps), static_cast<uint32_t>(p.dilation_h));
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = current_stream();
 
   const int64_t total = p.groups * int64_t(L.co_tiles) * L.chunks * L.tap_rows * p.kernel_w *
                         L.ksteps * cfg::kStepFloats;
-  at::Tensor w_tiles = at::empty({total}, w.options());
+  at::TensorBase w_tiles = scratch({total}, w.scalar_type());
   const int rblocks = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 4096));
   rearrange_flat_weights_kernel<<<rblocks, kThreads, 0, stream>>>(
       p, w.data_ptr<float>(), w_tiles.data_ptr<float>(), L.chunks, L.ksteps, L.co_tiles,
@@ -797,7 +795,7 @@ void launch_fprop_sm90_flat(const ConvParams& p, const at::Tensor& x_in, const a
       ensure_dynamic_smem(kernel, L.smem_bytes);
       // Persistent: as many blocks as fit on the GPU at once (the layout's
       // count, without an occupancy query per call).
-      const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      const int sms = device_properties()->multiProcessorCount;
       const int per_sm = std::max(cfg::blocks_per_sm(L.smem_bytes, tf32x3), 1);
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, int64_t(per_sm) * sms));
       kernel<<<grid, cfg::kThreads, L.smem_bytes, stream>>>(

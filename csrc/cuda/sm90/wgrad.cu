@@ -38,8 +38,6 @@
 // Positions past the output's right edge have zero grad_output, but the
 // input they reach may hold Inf or NaN that no real product meets: their A
 // values are zeroed (0 * Inf would be NaN).
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <cuda.h>
 
 #include "../../plan.h"
@@ -544,14 +542,14 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 
 
 template <bool kTf32x3>
-void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::Tensor& grad_w,
+void launch(const ConvParams& p, const at::TensorBase& go, const at::TensorBase& x,
+            at::TensorBase& grad_w,
             const cfg::Layout& L) {
   // TMA reads from 16-byte aligned bases (rows are multiples of 16 bytes
   // by the plan for the input; grad_output's are checked here).
-  const at::Tensor xa = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();
+  const at::TensorBase xa = aligned_16(x, at::MemoryFormat::Preserve);
   const bool go_by_tma = p.out_w % 4 == 0;
-  const at::Tensor goa =
-      !go_by_tma || reinterpret_cast<uintptr_t>(go.data_ptr()) % 16 == 0 ? go : go.clone();
+  const at::TensorBase goa = go_by_tma ? aligned_16(go, at::MemoryFormat::Preserve) : go;
   const uint32_t dh = static_cast<uint32_t>(p.dilation_h);
   const CUtensorMap x_map = nchw_tensor_map(xa, L.halo_cols, L.halo_rows * dh, L.box_channels, dh);
   // B: one output row of 32 positions x 64 channels per box, in the
@@ -567,9 +565,9 @@ void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::
   const KSplit k = one_wave_k_split(tiles, L.k_tiles, L.blocks_per_sm);
   const int64_t splits = k.splits, tiles_per_split = k.tiles_per_split;
 
-  auto stream = at::cuda::getCurrentCUDAStream();
-  at::Tensor partial =
-      splits == 1 ? grad_w : at::empty({splits, p.weight_numel()}, grad_w.options());
+  auto stream = current_stream();
+  at::TensorBase partial =
+      splits == 1 ? grad_w : scratch({splits, p.weight_numel()}, grad_w.scalar_type());
   auto run = [&](auto kernel) {
     ensure_dynamic_smem(kernel, L.smem_bytes);
     kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), cfg::kThreads,
@@ -593,8 +591,8 @@ void launch(const ConvParams& p, const at::Tensor& go, const at::Tensor& x, at::
 
 }  // namespace
 
-void launch_wgrad_sm90(const ConvParams& p, const at::Tensor& grad_out, const at::Tensor& x,
-                       at::Tensor& grad_w, MathMode math) {
+void launch_wgrad_sm90(const ConvParams& p, const at::TensorBase& grad_out, const at::TensorBase& x,
+                       at::TensorBase& grad_w, MathMode math) {
   const bool tf32x3 = math == MathMode::kIEEE;
   const cfg::Layout L = cfg::choose_layout(p, tf32x3);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "
