@@ -211,3 +211,17 @@ def test_ci_runs_the_readme_commands_first():
     while lines and lines[0].startswith("set "):
         lines.pop(0)
     assert lines[:len(commands)] == commands
+
+
+def test_build_order_starts_the_longest_files_first():
+    """Every source once; the listed long files that exist lead, the rest
+    keep their order; every listed file exists (a renamed one would
+    silently lose its place)."""
+    root = os.path.dirname(SETUP)
+    assert all(os.path.exists(os.path.join(root, f)) for f in setup.LONGEST_FIRST)
+    sources = ["csrc/a.cpp", "csrc/cpu/blocked.cpp", "csrc/cuda/b.cu",
+               "csrc/cuda/sm90/fprop_flat.cu", "csrc/cuda/z.cu"]
+    assert setup.build_order(sources) == [
+        "csrc/cuda/sm90/fprop_flat.cu", "csrc/cpu/blocked.cpp", "csrc/a.cpp",
+        "csrc/cuda/b.cu", "csrc/cuda/z.cu"]
+    assert setup.build_order(["csrc/a.cpp"]) == ["csrc/a.cpp"]
