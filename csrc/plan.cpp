@@ -425,9 +425,9 @@ namespace {
 // images; the mma.sync wgrad splits K over one image's pixels; the direct
 // kernel (IEEE mode's short wgrads) and the strided dgrad's phases are
 // slower still. The copies read and write every activation once more,
-// which the flat forward and dgrad, the sm_90 wgrad, the few-channel
-// kernels and the phases of a 1x1 dgrad (a quarter of its pixels, the
-// rest zeros) on large planes do not repay. The plane bounds follow
+// which the flat forward and dgrad, the sm_90 wgrad and the phases of a
+// 1x1 dgrad (a quarter of its pixels, the rest zeros) on large planes do
+// not repay. The plane bounds follow
 // ResNet-50's layers in NCHW, each pass timed with and without copies
 // (docs/kernels.md).
 constexpr int64_t kCopiesSmallPlane = 64;          // outputs of at most 8 x 8

@@ -113,7 +113,9 @@ __device__ __forceinline__ float weight_or_zero(const ConvParams& p, const float
 // The current device's properties (PyTorch's cached copy).
 const cudaDeviceProp* device_properties();
 // Scratch memory on the current device from PyTorch's caching allocator,
-// as at::empty would allocate it: freed memory is reused in stream order.
+// freed memory reused in stream order as at::empty's; never filled (not
+// even under deterministic mode's fill of uninitialized memory), so the
+// kernels must write all of it before they read it.
 at::TensorBase scratch(c10::IntArrayRef sizes, at::ScalarType dtype);
 // The stream PyTorch's current operation runs on.
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
