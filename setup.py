@@ -287,8 +287,9 @@ def write_build_info(with_cuda, archs):
         f.write(f"CUDA_ARCHS = {archs!r}\n")
 
 
-# Ninja starts compiles in the sources' order, so a long translation unit
-# late in it finishes after the rest and sets the build's length: these,
+# Ninja starts compiles in the sources' order (the build.ninja that
+# torch writes), so a long translation unit late in it finishes after the
+# rest and sets the build's length: these,
 # the longest in a clean sm_90a build's ninja log (scripts/gpu_check.sh
 # keeps it), go first.
 LONGEST_FIRST = (
@@ -366,6 +367,21 @@ def build_ext_class():
             # what changed.
             if getattr(self, "editable_mode", False):
                 self.build_temp = os.path.join(ROOT, "build", "temp-editable")
+
+        def build_extension(self, ext):
+            # setuptools sorts an extension's sources before compiling them
+            # (for reproducible builds); the compile (torch's ninja writer,
+            # installed by then) gets them in build_order instead.
+            compile_sorted = self.compiler.compile
+
+            def compile_in_build_order(sources, *args, **kwargs):
+                return compile_sorted(build_order(list(sources)), *args, **kwargs)
+
+            self.compiler.compile = compile_in_build_order
+            try:
+                super().build_extension(ext)
+            finally:
+                self.compiler.compile = compile_sorted
 
     return BuildExtension
 
