@@ -56,6 +56,10 @@ MathMode math_mode(at::ScalarType dtype) {
 
 namespace {
 
+// The kernel and stride facts several rules below ask.
+bool one_by_one(const ConvParams& p) { return p.kernel_h == 1 && p.kernel_w == 1; }
+bool strided(const ConvParams& p) { return p.stride_h > 1 || p.stride_w > 1; }
+
 // Tensor cores need a K step of 8 input channels and pay off from 8 output
 // channels per group; fewer channels per group (depthwise, RGB stems) stay
 // on the direct kernels, which are FP32-accurate in both modes.
@@ -261,8 +265,7 @@ Plan choose_plan(const ConvParams& p, Pass pass, at::ScalarType dtype, int sm,
     // The forward kernels run dgrad_as_fprop(p); kDirect here means the
     // direct dgrad kernel, not the forward one.
     plan.algo = fprop_algo(dgrad_as_fprop(p), plan.math, sm);
-  } else if (pass == Pass::kDgrad && sm >= 80 && tensor_core_channels(p) &&
-             (p.stride_h > 1 || p.stride_w > 1)) {
+  } else if (pass == Pass::kDgrad && sm >= 80 && tensor_core_channels(p) && strided(p)) {
     plan.algo = Algo::kDgradPhases;
   } else if (pass == Pass::kWgrad && sm >= 80 && tensor_core_channels(p) &&
              !(plan.math == MathMode::kIEEE && short_wgrad(p))) {
@@ -427,9 +430,8 @@ namespace {
 // slower still. The copies read and write every activation once more,
 // which the flat forward and dgrad, the sm_90 wgrad and the phases of a
 // 1x1 dgrad (a quarter of its pixels, the rest zeros) on large planes do
-// not repay. The plane bounds follow
-// ResNet-50's layers in NCHW, each pass timed with and without copies
-// (docs/kernels.md).
+// not repay. The plane bounds follow ResNet-50's layers in NCHW, each pass
+// timed with and without copies (docs/kernels.md).
 constexpr int64_t kCopiesSmallPlane = 64;          // outputs of at most 8 x 8
 constexpr int64_t kCopiesStridedPlane = 256;       // strided forwards: 16 x 16
 constexpr int64_t kCopiesPointwisePhasesPlane = 32 * 32;
@@ -439,9 +441,6 @@ constexpr int64_t kCopiesPointwisePhasesPlane = 32 * 32;
 int64_t result_plane(const ConvParams& p, Pass pass) {
   return pass == Pass::kDgrad ? p.in_h * p.in_w : p.out_h * p.out_w;
 }
-
-bool one_by_one(const ConvParams& p) { return p.kernel_h == 1 && p.kernel_w == 1; }
-bool strided(const ConvParams& p) { return p.stride_h > 1 || p.stride_w > 1; }
 
 bool nchw_loses_to_engine(const ConvParams& p, Pass pass, Algo nchw) {
   const int64_t plane = result_plane(p, pass);

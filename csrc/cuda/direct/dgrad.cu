@@ -160,8 +160,7 @@ void launch_dgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
 }  // namespace
 
 void launch_dgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
-                         const at::TensorBase& w,
-                         at::TensorBase& grad_in) {
+                         const at::TensorBase& w, at::TensorBase& grad_in) {
   AT_DISPATCH_FLOATING_TYPES(grad_out.scalar_type(), "conv2d_ext_dgrad", [&] {
     launch_dgrad_direct<scalar_t>(p, grad_out, w, grad_in);
   });

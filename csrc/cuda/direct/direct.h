@@ -14,12 +14,10 @@ void launch_fprop_direct(const ConvParams& p, const at::TensorBase& x, const at:
                          const at::TensorBase& b, at::TensorBase& y);
 
 void launch_dgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
-                         const at::TensorBase& w,
-                         at::TensorBase& grad_in);
+                         const at::TensorBase& w, at::TensorBase& grad_in);
 
 void launch_wgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
-                         const at::TensorBase& x,
-                         at::TensorBase& grad_w);
+                         const at::TensorBase& x, at::TensorBase& grad_w);
 
 }  // namespace cuda
 }  // namespace conv2d_ext

@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-void launch_fprop_direct(const ConvParams& p, const at::TensorBase& x,
-                         const at::TensorBase& w, const T* bias, at::TensorBase& y) {
+void launch_fprop_direct(const ConvParams& p, const at::TensorBase& x, const at::TensorBase& w,
+                         const T* bias, at::TensorBase& y) {
   const int tile_w = pick_pixel_tile_w(p.out_w);
   const int tile_h = kThreads / tile_w;
   const int64_t rows = p.in_channels_per_group() * p.kernel_h;

@@ -167,8 +167,7 @@ void launch_wgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
 }  // namespace
 
 void launch_wgrad_direct(const ConvParams& p, const at::TensorBase& grad_out,
-                         const at::TensorBase& x,
-                         at::TensorBase& grad_w) {
+                         const at::TensorBase& x, at::TensorBase& grad_w) {
   AT_DISPATCH_FLOATING_TYPES(grad_out.scalar_type(), "conv2d_ext_wgrad", [&] {
     launch_wgrad_direct<scalar_t>(p, grad_out, x, grad_w);
   });

@@ -67,7 +67,7 @@ void launch_arrange_phase_weights(dim3 grid, cudaStream_t stream, const ConvPara
 }  // namespace few_channels_dgrad
 
 void launch_dgrad_few_channels(const ConvParams& p, const at::TensorBase& grad_out,
-                                 const at::TensorBase& w, at::TensorBase& grad_in) {
+                               const at::TensorBase& w, at::TensorBase& grad_in) {
   TORCH_CHECK(conv2d_ext::few_channels::dgrad_fits(p),
               "conv2d_ext: internal error: few-channel dgrad does not fit");
   const bool vec = few_channels::can_vectorise(grad_out.data_ptr(), p.out_w);

@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kBlock, 2)
 }  // namespace
 
 void launch_dgrad_few_channels_tc(const ConvParams& p, const at::TensorBase& grad_out,
-                                    const at::TensorBase& w, at::TensorBase& grad_in) {
+                                  const at::TensorBase& w, at::TensorBase& grad_in) {
   TORCH_CHECK(fc::dgrad_tc_fits(p),
               "conv2d_ext: internal error: few-channel tensor-core dgrad does not fit");
   const fc::DgradTcLayout L = fc::dgrad_tc_layout(p);

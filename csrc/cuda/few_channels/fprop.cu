@@ -577,8 +577,8 @@ void launch(const FpropArgs& a) {
 }  // namespace
 
 void launch_fprop_few_channels(const ConvParams& p, const at::TensorBase& x,
-                               const at::TensorBase& w,
-                                 const float* bias, at::TensorBase& y, WeightOrder order) {
+                               const at::TensorBase& w, const float* bias, at::TensorBase& y,
+                               WeightOrder order) {
   TORCH_CHECK(fc::fprop_fits(p), "conv2d_ext: internal error: few-channel forward does not fit");
   TORCH_CHECK(ceil_div(p.out_h, fc::fprop_tile_rows(p)) * ceil_div(p.out_w, fc::kTileCols) <
                   (int64_t(1) << 31),

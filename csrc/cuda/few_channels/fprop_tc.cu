@@ -347,8 +347,8 @@ __global__ void __launch_bounds__(kBlock, kTf32x3 || kSm90 ? 1 : 2)
 }  // namespace
 
 void launch_fprop_few_channels_tc(const ConvParams& p, const at::TensorBase& x,
-                                  const at::TensorBase& w,
-                                    const float* bias, at::TensorBase& y, MathMode math) {
+                                  const at::TensorBase& w, const float* bias, at::TensorBase& y,
+                                  MathMode math) {
   const bool tf32x3 = math == MathMode::kIEEE;
   const fc::FpropTcLayout L = fc::fprop_tc_layout(p, tf32x3);
   TORCH_CHECK(fc::fprop_tc_fits(p, tf32x3, current_sm()),

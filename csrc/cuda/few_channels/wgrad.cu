@@ -509,7 +509,7 @@ Split launch_wide(const ConvParams& p, const float* go, const float* x,
 }  // namespace
 
 void launch_wgrad_few_channels(const ConvParams& p, const at::TensorBase& grad_out,
-                                 const at::TensorBase& x, at::TensorBase& grad_w) {
+                               const at::TensorBase& x, at::TensorBase& grad_w) {
   TORCH_CHECK(fc::wgrad_fits(p, current_sm()),
               "conv2d_ext: internal error: few-channel wgrad does not fit");
   const bool vec = few_channels::can_vectorise(x.data_ptr(), p.in_w);

@@ -530,8 +530,7 @@ __global__ void __launch_bounds__(kBlock, kTf32x3 ? 1 : 2)
 }  // namespace
 
 void launch_wgrad_few_channels_tc(const ConvParams& p, const at::TensorBase& grad_out,
-                                    const at::TensorBase& x, at::TensorBase& grad_w,
-                                        MathMode math) {
+                                  const at::TensorBase& x, at::TensorBase& grad_w, MathMode math) {
   const bool tf32x3 = math == MathMode::kIEEE;
   TORCH_CHECK(fc::wgrad_tc_fits(p, tf32x3),
               "conv2d_ext: internal error: few-channel tensor-core wgrad does not fit");

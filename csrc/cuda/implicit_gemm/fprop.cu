@@ -401,8 +401,8 @@ __global__ void __launch_bounds__(cfg::kThreads, 2)
 }  // namespace
 
 void launch_fprop_implicit_gemm(const ConvParams& p, const at::TensorBase& x,
-                                const at::TensorBase& w, const float* bias,
-                                at::TensorBase& y, MathMode math, bool sm90, WeightOrder order) {
+                                const at::TensorBase& w, const float* bias, at::TensorBase& y,
+                                MathMode math, bool sm90, WeightOrder order) {
   const bool tf32x3 = sm90 && math == MathMode::kIEEE;  // weights pre-split
   const cfg::Layout L = cfg::choose_layout(p, cfg::weight_floats_per_tap(sm90, tf32x3));
   auto stream = current_stream();

@@ -16,9 +16,8 @@ namespace cuda {
 // wgmma main loop (Algo::kImplicitGemmSm90), else mma.sync
 // (Algo::kImplicitGemm).
 void launch_fprop_implicit_gemm(const ConvParams& p, const at::TensorBase& x,
-                                const at::TensorBase& w, const float* bias,
-                                at::TensorBase& y, MathMode math, bool sm90,
-                                WeightOrder order);
+                                const at::TensorBase& w, const float* bias, at::TensorBase& y,
+                                MathMode math, bool sm90, WeightOrder order);
 
 // wgrad: grad_output, x contiguous float32; grad_w [Cout][Cin/g][KH][KW]
 // (Algo::kImplicitGemm for Pass::kWgrad).

@@ -1,10 +1,10 @@
 // The engine's host code that needs tensor operators, apart from its
 // kernels' files (which include TensorBase only): the dgrad's weight, and
-// strided dgrad over channels_last operands: one
-// engine forward per stride phase (dgrad_phases in conv_params.h), each
-// over grad_output with its sub-kernel, writing its pixels of grad_input
-// in place through the forward's output map, so no multiply-add touches
-// the zeros a stride inserts and no phase result is copied.
+// strided dgrad over channels_last operands: one engine forward per stride
+// phase (dgrad_phases in conv_params.h), each over grad_output with its
+// sub-kernel, writing its pixels of grad_input in place through the
+// forward's output map, so no multiply-add touches the zeros a stride
+// inserts and no phase result is copied.
 #include <ATen/ATen.h>
 
 #include "../../conv_params.h"

@@ -200,7 +200,7 @@ void launch_16bit(const ConvParams& p, const cfg::OutMap& out, const at::TensorB
 
 void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::TensorBase& x,
                        const at::TensorBase& w_nrsc, const at::TensorBase& bias,
-                           at::TensorBase& y) {
+                       at::TensorBase& y) {
   const at::ScalarType t = x.scalar_type();
   const int elem_bytes = static_cast<int>(x.element_size());
   TORCH_CHECK((t == at::kFloat || is_16bit(t)) && w_nrsc.scalar_type() == t &&

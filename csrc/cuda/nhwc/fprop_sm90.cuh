@@ -260,8 +260,7 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
     auto kernel = fprop_nhwc_wgmma_kernel<BN, E, float>;
     ensure_dynamic_smem(kernel, smem);
     const int64_t mn = p.gemm_m() * p.out_channels;
-    const at::TensorBase partial =
-        scratch({k.splits, mn}, at::kFloat);
+    const at::TensorBase partial = scratch({k.splits, mn}, at::kFloat);
     kernel<<<grid, cfg::kThreads, smem, stream>>>(
         p, cfg::dense_out(p), x, w, nullptr, partial.data_ptr<float>(),
         static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles), static_cast<int>(g.k_tiles),

@@ -762,9 +762,8 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::blocks_per_sm_cap(kTf32x3)
 }  // namespace
 
 void launch_fprop_sm90_flat(const ConvParams& p, const at::TensorBase& x_in,
-                            const at::TensorBase& w,
-                            const float* bias, at::TensorBase& y, MathMode math,
-                            WeightOrder order) {
+                            const at::TensorBase& w, const float* bias, at::TensorBase& y,
+                            MathMode math, WeightOrder order) {
   const bool tf32x3 = math == MathMode::kIEEE;  // 3xTF32
   const cfg::Layout L = cfg::choose_layout(p, tf32x3);
   TORCH_CHECK(L.smem_bytes != INT64_MAX, "conv2d_ext: internal error: the plan picked the "

@@ -14,8 +14,7 @@ namespace cuda {
 // also runs dgrad at unit stride as implicit_gemm.h's forward does. TF32 or
 // 3xTF32 by `math`; bias may be null.
 void launch_fprop_sm90_flat(const ConvParams& p, const at::TensorBase& x, const at::TensorBase& w,
-                            const float* bias, at::TensorBase& y, MathMode math,
-                            WeightOrder order);
+                            const float* bias, at::TensorBase& y, MathMode math, WeightOrder order);
 
 // wgrad (Algo::kImplicitGemmSm90 for Pass::kWgrad).
 void launch_wgrad_sm90(const ConvParams& p, const at::TensorBase& grad_out, const at::TensorBase& x,

@@ -543,8 +543,7 @@ __global__ void __launch_bounds__(cfg::kThreads, cfg::kBlocksPerSm)
 
 template <bool kTf32x3>
 void launch(const ConvParams& p, const at::TensorBase& go, const at::TensorBase& x,
-            at::TensorBase& grad_w,
-            const cfg::Layout& L) {
+            at::TensorBase& grad_w, const cfg::Layout& L) {
   // TMA reads from 16-byte aligned bases (rows are multiples of 16 bytes
   // by the plan for the input; grad_output's are checked here).
   const at::TensorBase xa = aligned_16(x, at::MemoryFormat::Preserve);

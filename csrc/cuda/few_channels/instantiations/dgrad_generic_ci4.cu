@@ -5,8 +5,7 @@ namespace conv2d_ext {
 namespace cuda {
 namespace few_channels_dgrad {
 
-template void launch<0, 0, 4>(const ConvParams&, const at::TensorBase&, const float*, float*,
-                                  bool);
+template void launch<0, 0, 4>(const ConvParams&, const at::TensorBase&, const float*, float*, bool);
 
 }  // namespace few_channels_dgrad
 }  // namespace cuda
