@@ -244,6 +244,10 @@ DEPTHWISE = {
     # Column strides 2 and 3: rows split into phase rows.
     "3x3_stride_2": (2, 12, 17, 35, 1, (3, 3), 2, 1, 1, True),
     "5x5_stride_3_dilated": (1, 8, 19, 40, 2, (5, 5), (1, 3), 2, (1, 2), False),
+    # An even dilation at column stride 2: all of a row's taps in one phase,
+    # more than 8 of them (two kernel rows, so an overrun would corrupt the
+    # next row's taps).
+    "2x11_stride_2_dilated": (2, 6, 9, 47, 1, (2, 11), (1, 2), 1, (1, 2), False),
     # Over 256 KiB of operands: channels_last wgrad sums chunks of rows.
     "3x3_two_chunks": (1, 48, 40, 37, 1, (3, 3), 1, 1, 1, False),
     # Padding of the kernel's whole reach: every run of a row at an edge.

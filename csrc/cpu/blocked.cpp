@@ -605,12 +605,14 @@ __attribute__((always_inline)) inline void dw_dgrad_s2_plane(const DwDgradS2Prob
   const float* wc = a.w + c * p.taps();
   float* giplane = a.gi + plane * p.in_h * p.in_w;
   // Phase f's taps of a kernel row: (offset in grad_output's padded row,
-  // weight), the same for every row.
+  // weight), the same for every row. At an even dilation every tap of a
+  // row reaches the same phase: as many as the row's 16 columns
+  // (depthwise_dgrad_s2_fits).
   struct Tap {
     int64_t offset;
     float w;
   };
-  Tap taps[64][2][8];
+  Tap taps[64][2][16];
   int ntaps[2] = {0, 0};
   for (int f = 0; f < 2; ++f)
     for (int64_t s = 0; s < p.kernel_w; ++s) {
