@@ -293,8 +293,6 @@ def write_build_info(with_cuda, archs):
 # the longest in a clean sm_90a build's ninja log (scripts/gpu_check.sh
 # keeps it), go first.
 LONGEST_FIRST = (
-    "csrc/cuda/sm90/fprop_flat.cu",
-    "csrc/cuda/few_channels/fprop.cu",
     "csrc/cpu/blocked.cpp",
     "csrc/cuda/few_channels/wgrad.cu",
 )

@@ -220,8 +220,37 @@ def test_build_order_starts_the_longest_files_first():
     root = os.path.dirname(SETUP)
     assert all(os.path.exists(os.path.join(root, f)) for f in setup.LONGEST_FIRST)
     sources = ["csrc/a.cpp", "csrc/cpu/blocked.cpp", "csrc/cuda/b.cu",
-               "csrc/cuda/sm90/fprop_flat.cu", "csrc/cuda/z.cu"]
+               "csrc/cuda/few_channels/wgrad.cu", "csrc/cuda/z.cu"]
     assert setup.build_order(sources) == [
-        "csrc/cuda/sm90/fprop_flat.cu", "csrc/cpu/blocked.cpp", "csrc/a.cpp",
+        "csrc/cpu/blocked.cpp", "csrc/cuda/few_channels/wgrad.cu", "csrc/a.cpp",
         "csrc/cuda/b.cu", "csrc/cuda/z.cu"]
     assert setup.build_order(["csrc/a.cpp"]) == ["csrc/a.cpp"]
+
+
+# --- instantiation files ---------------------------------------------------
+
+
+def kernel_sizes(macro):
+    """The (KH, KW) pairs of one of kernel_sizes.cuh's X-macro lists."""
+    with open(os.path.join(ROOT, "csrc", "cuda", "kernel_sizes.cuh")) as f:
+        text = f.read()
+    body = re.search(r"#define " + macro + r"\(X\)((?:.*\\\n)*.*)", text).group(1)
+    return [(int(h), int(w)) for h, w in re.findall(r"X\((\d+), (\d+)\)", body)]
+
+
+@pytest.mark.parametrize("folder, prefix, macro, suffixes", [
+    ("sm90", "fprop_flat", "CONV2D_EXT_FOR_EACH_KERNEL_SIZE", [""]),
+    ("few_channels", "fprop", "CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE", [""]),
+    ("few_channels", "dgrad", "CONV2D_EXT_FOR_EACH_FEW_CHANNELS_KERNEL_SIZE",
+     ["_ci1", "_ci2", "_ci3", "_ci4"]),
+])
+def test_every_kernel_size_has_its_instantiation_files(folder, prefix, macro, suffixes):
+    """A size on a list without its file would build and fail only at import
+    (an undefined symbol); a file of a size off the list is dead code."""
+    sizes = kernel_sizes(macro)
+    assert sizes, macro
+    names = [f"k{h}x{w}" for h, w in sizes] + ["generic"]
+    wanted = {f"{prefix}_{name}{suffix}.cu" for name in names for suffix in suffixes}
+    folder = os.path.join(ROOT, "csrc", "cuda", folder, "instantiations")
+    present = {f for f in os.listdir(folder) if re.fullmatch(prefix + r"_(k\d+x\d+|generic)(_ci\d)?\.cu", f)}
+    assert present == wanted

@@ -1,0 +1,10 @@
+// The flat sm_90 forward for 1x1 kernels.
+#include "../fprop_flat.cuh"
+
+namespace conv2d_ext {
+namespace cuda {
+
+template void launch_flat_kernel<1, 1>(const FlatLaunch&);
+
+}  // namespace cuda
+}  // namespace conv2d_ext

@@ -1,0 +1,10 @@
+// The flat sm_90 forward for 7x7 kernels.
+#include "../fprop_flat.cuh"
+
+namespace conv2d_ext {
+namespace cuda {
+
+template void launch_flat_kernel<7, 7>(const FlatLaunch&);
+
+}  // namespace cuda
+}  // namespace conv2d_ext
