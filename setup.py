@@ -12,7 +12,10 @@ Architectures: TORCH_CUDA_ARCH_LIST if set (each entry checked against
 WHEEL_ARCHS that nvcc supports (the wheels); else the visible GPUs'; else,
 with no GPU visible, DEFAULT_ARCHS. A 9.0 is built as sm_90a (Hopper's
 wgmma kernels). MAX_JOBS is honoured as by every torch extension;
-CONV2D_EXT_CPU_ONLY=1 forces the CPU-only build.
+CONV2D_EXT_CPU_ONLY=1 forces the CPU-only build. CONV2D_EXT_FAMILIES=nhwc
+(a comma-separated list of FAMILIES) builds those CUDA kernel families only,
+for fast iteration; calls whose plan picks another then raise, and the
+module warns on import.
 
 Setting-up errors stop the build at once with what to set, before anything
 compiles. setup() runs only when this file is run as a script (pip and
@@ -275,7 +278,7 @@ def nvidia_wheel_includes():
     return dirs
 
 
-def write_build_info(with_cuda, archs):
+def write_build_info(with_cuda, archs, families=None):
     """Records what this binary was built against, for the import check."""
     import torch
 
@@ -285,6 +288,42 @@ def write_build_info(with_cuda, archs):
         f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
         f.write(f"CUDA_VERSION = {cuda!r}\n")
         f.write(f"CUDA_ARCHS = {archs!r}\n")
+        f.write(f"CUDA_FAMILIES = {list(families) if families else None!r}\n")
+
+
+# The CUDA kernel families, one folder of csrc/cuda each. CONV2D_EXT_FAMILIES
+# (comma-separated) builds only those, for fast iteration on one family:
+# the others' launchers are then stubs that raise when the plan picks them
+# (csrc/cuda/without_families.cu), so such a build fails the tests of the
+# families it left out. Unset: every family.
+FAMILIES = ("direct", "few_channels", "implicit_gemm", "nhwc", "sm90")
+
+
+def select_families(environ):
+    """(families to build, -D flags that stub out the rest) from
+    CONV2D_EXT_FAMILIES."""
+    text = environ.get("CONV2D_EXT_FAMILIES", "").strip()
+    if not text:
+        return FAMILIES, []
+    chosen = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in chosen if f not in FAMILIES]
+    if unknown or not chosen:
+        raise SystemExit(f"CONV2D_EXT_FAMILIES={text!r}: unknown {', '.join(unknown) or 'empty list'}; "
+                         f"the families are {', '.join(FAMILIES)}")
+    built = tuple(f for f in FAMILIES if f in chosen)
+    return built, [f"-DCONV2D_EXT_WITHOUT_{f.upper()}" for f in FAMILIES if f not in built]
+
+
+def cuda_sources(families, root=ROOT):
+    """The .cu files of csrc/cuda itself (the passes and shared pieces) and
+    of the given families' folders, relative to root."""
+    def found(pattern):
+        return sorted(os.path.relpath(f, root) for f in glob.glob(os.path.join(root, pattern), recursive=True))
+
+    sources = found("csrc/cuda/*.cu")
+    for family in families:
+        sources += found(f"csrc/cuda/{family}/**/*.cu")
+    return sources
 
 
 # Ninja starts compiles in the sources' order (the build.ninja that
@@ -330,9 +369,12 @@ def make_extension():
     # torch builds this list where hopper_arch_flags gives no flags.
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     print(f"conv2d_ext: building for CUDA architectures {archs} ({source})")
-    write_build_info(True, archs)
-    sources = build_order(sources + sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True)))
-    nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
+    families, without = select_families(os.environ)
+    if without:
+        print(f"conv2d_ext: building the kernel families {', '.join(families)} only (CONV2D_EXT_FAMILIES)")
+    write_build_info(True, archs, families if without else None)
+    sources = build_order(sources + cuda_sources(families))
+    nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"] + without
     arch_flags = hopper_arch_flags(archs)
     if arch_flags:
         nvcc_flags += arch_flags

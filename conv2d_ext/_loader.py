@@ -8,16 +8,20 @@ from .version import __version__
 
 
 def build_info():
-    """What the binary module was built against: torch, CUDA, GPU archs."""
+    """What the binary module was built against: torch, CUDA, GPU archs;
+    cuda_families: the CUDA kernel families built, None for all of them
+    (setup.py's CONV2D_EXT_FAMILIES)."""
     try:
         from . import _build_info as b
     except ImportError:  # running from a checkout that was never built
-        return {"version": __version__, "torch": None, "cuda": None, "cuda_archs": None}
+        return {"version": __version__, "torch": None, "cuda": None, "cuda_archs": None,
+                "cuda_families": None}
     return {
         "version": __version__,
         "torch": b.TORCH_VERSION,
         "cuda": b.CUDA_VERSION,
         "cuda_archs": b.CUDA_ARCHS,
+        "cuda_families": getattr(b, "CUDA_FAMILIES", None),
     }
 
 
@@ -43,3 +47,6 @@ def load_library():
         raise ImportError(f"conv2d_ext {__version__}: cannot load its compiled module: {hint}. ({e})") from e
     if info["torch"] is not None and _minor(info["torch"]) != _minor(torch.__version__):
         warnings.warn(f"conv2d_ext was built for {built} but runs with {running}; rebuild it if ops misbehave")
+    if info.get("cuda_families"):
+        warnings.warn(f"conv2d_ext was built with the CUDA kernel families {', '.join(info['cuda_families'])} "
+                      "only (CONV2D_EXT_FAMILIES): calls whose plan picks another family raise")

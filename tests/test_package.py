@@ -4,6 +4,7 @@ import importlib.util
 import json
 import pathlib
 import time
+import warnings
 
 import pytest
 import torch
@@ -32,6 +33,21 @@ def test_import_failure_names_both_versions(monkeypatch):
     assert "built for torch 2.9.0+cu128 (CUDA 12.8)" in message
     assert f"runs torch {torch.__version__}" in message
     assert "undefined symbol" in message
+
+
+def test_a_partial_build_warns_on_import(monkeypatch):
+    """A build of some kernel families only (CONV2D_EXT_FAMILIES) says so on
+    import; a full build does not."""
+    monkeypatch.setattr(_loader.importlib, "import_module", lambda name, package=None: None)
+    info = {"version": "0.1.0", "torch": torch.__version__, "cuda": "13.0", "cuda_archs": "9.0a",
+            "cuda_families": ["nhwc"]}
+    monkeypatch.setattr(_loader, "build_info", lambda: info)
+    with pytest.warns(UserWarning, match=r"families nhwc only \(CONV2D_EXT_FAMILIES\)"):
+        _loader.load_library()
+    info["cuda_families"] = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _loader.load_library()
 
 
 def test_ab_switch_script_restores_the_switch(capsys):

@@ -254,3 +254,50 @@ def test_every_kernel_size_has_its_instantiation_files(folder, prefix, macro, su
     folder = os.path.join(ROOT, "csrc", "cuda", folder, "instantiations")
     present = {f for f in os.listdir(folder) if re.fullmatch(prefix + r"_(k\d+x\d+|generic)(_ci\d)?\.cu", f)}
     assert present == wanted
+
+
+# --- one family at a time ----------------------------------------------------
+
+
+def test_every_family_by_default():
+    assert setup.select_families({}) == (setup.FAMILIES, [])
+    assert setup.select_families({"CONV2D_EXT_FAMILIES": " "}) == (setup.FAMILIES, [])
+
+
+def test_some_families_stub_out_the_rest():
+    built, flags = setup.select_families({"CONV2D_EXT_FAMILIES": "sm90, nhwc"})
+    assert built == ("nhwc", "sm90")
+    assert flags == ["-DCONV2D_EXT_WITHOUT_DIRECT", "-DCONV2D_EXT_WITHOUT_FEW_CHANNELS",
+                     "-DCONV2D_EXT_WITHOUT_IMPLICIT_GEMM"]
+    sources = setup.cuda_sources(built)
+    assert "csrc/cuda/fprop.cu" in sources and "csrc/cuda/without_families.cu" in sources
+    assert any(f.startswith("csrc/cuda/sm90/instantiations/") for f in sources)
+    assert any(f.startswith("csrc/cuda/nhwc/") for f in sources)
+    assert not any(f.startswith(("csrc/cuda/direct/", "csrc/cuda/few_channels/",
+                                 "csrc/cuda/implicit_gemm/")) for f in sources)
+
+
+def test_every_cuda_file_belongs_to_a_family_or_to_every_build():
+    """A folder of csrc/cuda that is not a family would be left out of every
+    build; the full build's sources are every .cu file."""
+    folders = {d for d in os.listdir(os.path.join(ROOT, "csrc", "cuda"))
+               if os.path.isdir(os.path.join(ROOT, "csrc", "cuda", d))}
+    assert folders == set(setup.FAMILIES)
+    every = {os.path.relpath(os.path.join(dirpath, f), ROOT)
+             for dirpath, _, files in os.walk(os.path.join(ROOT, "csrc", "cuda"))
+             for f in files if f.endswith(".cu")}
+    assert set(setup.cuda_sources(setup.FAMILIES)) == every
+
+
+def test_an_unknown_family_is_refused_with_the_list():
+    with pytest.raises(SystemExit, match="unknown sm100; the families are direct, few_channels"):
+        setup.select_families({"CONV2D_EXT_FAMILIES": "nhwc,sm100"})
+
+
+def test_without_families_has_a_guard_per_family():
+    """Each family's stubs (without_families.cu) sit under its guard; the
+    guards are the flags select_families gives."""
+    with open(os.path.join(ROOT, "csrc", "cuda", "without_families.cu")) as f:
+        text = f.read()
+    guards = re.findall(r"#ifdef CONV2D_EXT_WITHOUT_(\w+)", text)
+    assert guards == [f.upper() for f in setup.FAMILIES]
