@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 21> kEntries{{
+constexpr std::array<Entry, 23> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -36,8 +36,10 @@ constexpr std::array<Entry, 21> kEntries{{
     {"nhwc_16bit", true},
     {"nhwc_ieee_wgrad", true},
     {"nhwc_copies", true},
+    {"dgrad_phase_streams", false},
+    {"nhwc_ieee", false},
 }};
-static_assert(static_cast<int>(Option::kNhwcCopies) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcIeee) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

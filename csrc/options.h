@@ -74,6 +74,14 @@ enum class Option : int {
   // their operands, the result copied back, where the plan expects the NCHW
   // kernels to lose (plan.cpp, nhwc_on_copies).
   kNhwcCopies,
+  // A strided dgrad's phases (one forward each, disjoint pixels of
+  // grad_input) run side by side on streams of PyTorch's pool, forked from
+  // the caller's stream and joined back (default off until measured).
+  kDgradPhaseStreams,
+  // IEEE mode's forward and dgrad of channels_last operands may run the
+  // engine's wgmma forward in 3xTF32 on Hopper (default off until
+  // measured); off runs the NCHW kernels on copies.
+  kNhwcIeee,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

@@ -39,6 +39,8 @@ bool nhwc_split_k(int sm) { return nhwc_wgmma(sm) && option(Option::kNhwcSplitK)
 
 bool nhwc_wide_tiles(int sm) { return nhwc_wgmma(sm) && option(Option::kNhwcWideTiles); }
 
+bool nhwc_tf32x3(int sm) { return nhwc_wgmma(sm) && option(Option::kNhwcIeee); }
+
 bool allow_tf32_conv() {
   // Since the per-operator precision API, asking without an operator throws
   // when conv and RNN flags differ; ask for convolutions explicitly.
@@ -185,9 +187,14 @@ bool nhwc_ieee_wgrad(const ConvParams& p) {
   return option(Option::kNhwcWgrad) && option(Option::kNhwcIeeeWgrad) && short_wgrad(p) &&
          p.gemm_m() >= kFfmaMinReduction && igemm_nhwc::wgrad_fits(p);
 }
+// IEEE mode's forward and dgrad take the engine's wgmma forward in 3xTF32
+// where the option asks (nhwc_tf32x3), as TF32 mode's would.
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80) return false;
-  if (math != MathMode::kTF32) return pass == Pass::kWgrad && nhwc_ieee_wgrad(p);
+  if (math != MathMode::kTF32) {
+    if (pass == Pass::kWgrad) return nhwc_ieee_wgrad(p);
+    if (!nhwc_tf32x3(sm)) return false;
+  }
   if (pass == Pass::kFprop) return nhwc_fprop(p, sm);
   if (pass == Pass::kDgrad) {
     return dgrad_is_fprop(p) ? nhwc_fprop(dgrad_as_fprop(p), sm) : igemm_nhwc::dgrad_phases_fit(p);
@@ -546,7 +553,7 @@ std::string kernel_variant(const std::string& pass, const at::Tensor& input,
       // itself depends on the GPU's multiprocessor count).
       out << " math="
           << (plan.native_16bit ? (input.scalar_type() == at::kBFloat16 ? "bf16" : "fp16")
-              : plan.math == MathMode::kIEEE ? "ffma"
+              : plan.math == MathMode::kIEEE ? (which == Pass::kWgrad ? "ffma" : "tf32x3")
                                              : "tf32");
       if (which != Pass::kWgrad) out << " wgmma=" << nhwc_wgmma(s);
       if (which == Pass::kDgrad && !dgrad_is_fprop(p)) out << " phases=" << dgrad_phases(p).size();

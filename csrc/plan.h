@@ -100,6 +100,10 @@ bool nhwc_split_k(int sm);
 // Option::kNhwcWideTiles.
 bool nhwc_wide_tiles(int sm);
 
+// Whether IEEE mode's forward and dgrad may run it in 3xTF32:
+// nhwc_wgmma(sm) and Option::kNhwcIeee.
+bool nhwc_tf32x3(int sm);
+
 // Whether a channels_last call of `pass` with operands of `dtype` runs on
 // the channels_last engine with those operands as they are (float32, or
 // 16-bit ones natively) rather than on NCHW kernels or float32 copies.

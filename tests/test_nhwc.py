@@ -492,3 +492,95 @@ def test_wgmma_forward_rounds_tf32_operands_unless_told(truncate):
             assert abs(t) < 1e-4 and r < -2e-4, (name, r, t)
         else:
             assert abs(r) < 1e-4 and t > 8e-4, (name, r, t)
+
+
+@cuda_only
+@pytest.mark.parametrize("layout", ["channels_last", "nchw"])
+@pytest.mark.parametrize("case", ["3x3_stride2", "3x3_s2_dilated", "stride_2x1", "big_3x3_s2",
+                                  "deep_s2"])
+def test_dgrad_phases_side_by_side(case, layout):
+    """Option dgrad_phase_streams: a strided dgrad's phases on streams of the
+    pool (the engine's in place, NCHW's dgrad_phases through copies) give
+    the bits of one stream, since the phases write disjoint pixels; the
+    caller's stream waits for them (read at once, with unwritten pixels
+    poisoned), also inside a captured CUDA graph."""
+    x, w, _, kw = _operands(case)
+    if layout == "nchw":
+        x = x.contiguous()
+        w = w.clone(memory_format=torch.contiguous_format)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    geometry = _args(x, w, kw)[2:]
+    dgrad = lambda gy: ops.conv2d_backward_input(gy, w, list(x.shape), *geometry)  # noqa: E731
+    with tf32_mode(True), option("nhwc_copies", False):
+        algo = ops._algorithm("backward_input", *_args(x, w, kw))
+        assert algo == ("implicit_gemm_nhwc" if layout == "channels_last" else "dgrad_phases")
+        y_shape = conv2d_ext.conv2d(x, w, **kw).shape
+        gys = [torch.randn(y_shape, device="cuda", generator=g).contiguous(
+            memory_format=CL if layout == "channels_last" else torch.contiguous_format)
+            for _ in range(2)]
+        with option("dgrad_phase_streams", False):
+            expected = [dgrad(gy) for gy in gys]
+        with option("dgrad_phase_streams", True), option("poison_outputs", True):
+            assert torch.equal(dgrad(gys[0]), expected[0])
+            static_gy = gys[0].clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                dgrad(static_gy)  # warm-up outside the capture
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_gx = dgrad(static_gy)
+            static_gy.copy_(gys[1])
+            graph.replay()
+            assert torch.equal(static_gx, expected[1])
+    gx64 = reference(x, w, None, kw["stride"], kw["padding"], kw["dilation"], 1, grad_out=gys[1])[1]
+    taps = w.shape[2] * w.shape[3]
+    assert rel_err(expected[1], gx64) <= tolerance(torch.float32, "tf32", w.shape[0] * taps)
+
+
+# IEEE mode's forward and dgrad on the engine's wgmma forward in 3xTF32
+# (option nhwc_ieee): 128 x 128 and 128 x 64 tiles partial in M, N and K, K
+# split over slices (r50_3x3_7x7_plane, deep_7x7), a 1x1 layer, strided
+# forwards and their dgrads by phases.
+IEEE_ENGINE = ["r50_3x3_7x7_plane", "r50_1x1_14", "partial_128x128", "partial_128x64", "deep_7x7",
+               "deep_s2", "big_3x3_s2", "3x3_stride2"]
+
+
+@cuda_only
+@pytest.mark.parametrize("case", IEEE_ENGINE)
+def test_ieee_forward_and_dgrad_on_tf32x3(case):
+    """The plan's choice with the option on and off and the kernel it
+    reports; bitwise repeatable; against float64 within FP32's tolerance,
+    and no less accurate than cuDNN's strict FP32 on the same inputs (the
+    precision contract), the forward and dgrad both."""
+    if not is_hopper_build():
+        pytest.skip("3xTF32 on the engine runs on Hopper's wgmma only")
+    x, w, b, kw = _operands(case)
+    args = _args(x, w, kw)
+    sm = torch.cuda.get_device_capability()
+    with tf32_mode(False):
+        for name in ("forward", "backward_input"):
+            with option("nhwc_ieee", False):
+                assert ops._algorithm(name, *args) != "implicit_gemm_nhwc"
+            with option("nhwc_ieee", True):
+                assert ops._algorithm(name, *args) == "implicit_gemm_nhwc"
+                report = ops._kernel(name, *args, 10 * sm[0] + sm[1])
+                assert "math=tf32x3" in report and "wgmma=1" in report, report
+        with option("nhwc_ieee", True):
+            y = conv2d_ext.conv2d(x, w, b, **kw)
+            assert torch.equal(y, conv2d_ext.conv2d(x, w, b, **kw)), "not bitwise reproducible"
+            gy = torch.randn_like(y)
+            dgrad = (gy, w, list(x.shape), *args[2:])
+            gx = ops.conv2d_backward_input(*dgrad)
+            assert torch.equal(gx, ops.conv2d_backward_input(*dgrad)), "not bitwise reproducible"
+        y_cudnn = torch.nn.functional.conv2d(x, w, b, **kw)
+        gx_cudnn = torch.nn.grad.conv2d_input(x.shape, w, gy, **kw)
+    y64, gx64, _, _ = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1,
+                                grad_out=gy)
+    taps = w.shape[2] * w.shape[3]
+    for ours, cudnn, ref, k in ((y, y_cudnn, y64, w.shape[1] * taps),
+                                (gx, gx_cudnn, gx64, w.shape[0] * taps)):
+        assert rel_err(ours, ref) <= tolerance(torch.float32, "ieee", k)
+        assert rel_err(ours, ref) <= rel_err(cudnn, ref), (
+            f"relative error {rel_err(ours, ref):.3g} against cuDNN's {rel_err(cudnn, ref):.3g}")

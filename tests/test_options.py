@@ -12,7 +12,8 @@ NAMES = ["poison_outputs", "hopper_kernels", "flat_kernels", "short_wgrad_direct
          "few_channels_dgrad_order", "few_channels_dgrad_wide", "wgrad_edge_steps",
          "nhwc_kernels", "nhwc_wgrad", "nhwc_wgmma", "nhwc_split_k",
          "nhwc_wide_tiles", "cpu_avx512", "cpu_avx2",
-         "nhwc_tf32_truncate", "nhwc_16bit", "nhwc_ieee_wgrad", "nhwc_copies"]
+         "nhwc_tf32_truncate", "nhwc_16bit", "nhwc_ieee_wgrad", "nhwc_copies",
+         "dgrad_phase_streams", "nhwc_ieee"]
 
 
 def test_option_names():

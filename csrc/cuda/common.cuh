@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -124,6 +125,12 @@ inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream();
 at::TensorBase aligned_16(const at::TensorBase& t, at::MemoryFormat format);
 // dst.copy_(src) (tensor_ops.cu).
 void copy_into(const at::TensorBase& dst, const at::TensorBase& src);
+// run(0), ..., run(count - 1): with `side_by_side`, run(i > 0) on a stream
+// of PyTorch's pool (the current stream while it runs, so its scratch is
+// that stream's), forked from the caller's stream and joined back before
+// this returns; otherwise all on the caller's stream. For work items that
+// write disjoint memory and each leave SMs idle (tensor_ops.cu).
+void for_each_work(int count, bool side_by_side, const std::function<void(int)>& run);
 
 // Compute capability of the current device as 10*major + minor.
 inline int current_sm() {

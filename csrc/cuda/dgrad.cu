@@ -7,7 +7,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <vector>
+
 #include "../pass_entry.h"
+#include "../options.h"
 #include "../plan.h"
 #include "common.cuh"
 #include "direct/direct.h"
@@ -33,14 +36,19 @@ void launch_dgrad_phases(const ConvParams& p, const at::Tensor& go, const at::Te
                                  .transpose(1, 2)
                                  .reshape({p.in_channels, cout_g, p.kernel_h, p.kernel_w})
                                  .flip({2, 3});
+  // Phases no tap reaches are zeros; the others run one forward each
+  // (side by side with the option dgrad_phase_streams).
+  std::vector<DgradPhase> work;
   for (const DgradPhase& ph : dgrad_phases(p)) {
-    const ConvParams& f = ph.fprop;
-    at::Tensor dst = grad_in.slice(2, ph.row0, p.in_h, p.stride_h)
-                         .slice(3, ph.col0, p.in_w, p.stride_w);
-    if (f.kernel_h == 0 || f.kernel_w == 0) {
-      dst.zero_();
-      continue;
+    if (ph.fprop.kernel_h == 0 || ph.fprop.kernel_w == 0) {
+      grad_in.slice(2, ph.row0, p.in_h, p.stride_h).slice(3, ph.col0, p.in_w, p.stride_w).zero_();
+    } else {
+      work.push_back(ph);
     }
+  }
+  for_each_work(static_cast<int>(work.size()), option(Option::kDgradPhaseStreams), [&](int i) {
+    const DgradPhase& ph = work[i];
+    const ConvParams& f = ph.fprop;
     // Sub-kernel row u is kernel row kh_last - u * kh_step: flipped row
     // KH - 1 - kh_last + u * kh_step.
     const at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
@@ -56,8 +64,8 @@ void launch_dgrad_phases(const ConvParams& p, const at::Tensor& go, const at::Te
                                ? go.slice(2, ph.row_skip).slice(3, ph.col_skip).contiguous()
                                : go;
     launch_fprop(f, src, sub, at::Tensor(), y);
-    dst.copy_(y);
-  }
+    grad_in.slice(2, ph.row0, p.in_h, p.stride_h).slice(3, ph.col0, p.in_w, p.stride_w).copy_(y);
+  });
 }
 
 at::Tensor conv2d_backward_input_cuda(const at::Tensor& grad_output,

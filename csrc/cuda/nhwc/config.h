@@ -68,31 +68,37 @@ struct FpropKernel {
   int splits;  // K slices; 1: no split
   int64_t tiles_per_split;  // K tiles of a slice
   bool round = true;  // wgmma: round operands to nearest TF32 in shared memory
+  bool tf32x3 = false;  // IEEE mode: 3xTF32 on wgmma (fprop_sm90.cuh)
 };
 constexpr int64_t kMinSliceTiles = 8;
 inline int64_t k_tiles(const ConvParams& p, int elem_bytes = 4) {
   const int64_t bk = block_k(elem_bytes);
   return p.taps() * ((p.in_channels + bk - 1) / bk);
 }
+// With `tf32x3` (IEEE mode, Hopper): wgmma's 128-row tiles only, as for
+// 16-bit operands, never 128 x 256 (its accumulators and their partial
+// sums would not fit), one block an SM (tf32x3_stages).
 inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper, bool split_k,
-                                bool wide, int elem_bytes = 4) {
+                                bool wide, int elem_bytes = 4, bool tf32x3 = false) {
   const Tile t = choose_tile(p, sms);
   const int64_t kt = k_tiles(p, elem_bytes);
   const int64_t wide_tiles = ((p.gemm_m() + 127) / 128) * ((p.out_channels + 255) / 256);
-  if (hopper && wide && p.out_channels >= 256 && wide_tiles >= sms) {
+  if (hopper && wide && !tf32x3 && p.out_channels >= 256 && wide_tiles >= sms) {
     return {{128, 256}, true, 1, kt};
   }
   if (hopper && split_k && t.m != 128) {
     const Tile w{128, p.out_channels > 64 ? 128 : 64};
     const int64_t tiles = ((p.gemm_m() + w.m - 1) / w.m) * ((p.out_channels + w.n - 1) / w.n);
-    const int64_t want = std::min<int64_t>(int64_t(kBlocksPerSm) * sms / tiles,
-                                           kt / kMinSliceTiles);
+    const int64_t per_sm = tf32x3 ? 1 : kBlocksPerSm;
+    const int64_t want = std::min<int64_t>(per_sm * sms / tiles, kt / kMinSliceTiles);
     if (want >= 2) {
       const int64_t per = (kt + want - 1) / want;
       return {w, true, static_cast<int>((kt + per - 1) / per), per};
     }
   }
-  if (elem_bytes == 2 && t.m != 128) return {{128, p.out_channels > 64 ? 128 : 64}, true, 1, kt};
+  if ((elem_bytes == 2 || tf32x3) && t.m != 128) {
+    return {{128, p.out_channels > 64 ? 128 : 64}, true, 1, kt};
+  }
   return {t, hopper && t.m == 128, 1, kt};
 }
 
@@ -100,6 +106,14 @@ inline FpropKernel choose_fprop(const ConvParams& p, int sms, bool hopper, bool 
 // slack to align the dynamic shared memory's start.
 constexpr int kWgmmaAlign = 1024;
 inline int64_t wgmma_smem_bytes(const Tile& t) { return smem_bytes(t) + kWgmmaAlign; }
+
+// 3xTF32 keeps each staged K tile twice, as its big and its small TF32
+// parts, and runs one block an SM: three stages of 128 x 128 tiles, four
+// of 128 x 64 (192 KB).
+constexpr int tf32x3_stages(int bn) { return bn == 128 ? 3 : 4; }
+inline int64_t tf32x3_smem_bytes(const Tile& t) {
+  return int64_t(tf32x3_stages(t.n)) * 2 * (t.m + t.n) * kRowBytes + kWgmmaAlign;
+}
 
 // What the kernel takes: one group, 16-byte rows of input channels,
 // output channels in pairs (stores of two), pixels and tiles within ints.

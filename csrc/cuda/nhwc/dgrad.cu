@@ -7,7 +7,11 @@
 // inserts and no phase result is copied.
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "../../conv_params.h"
+#include "../../options.h"
+#include "../common.cuh"
 #include "config.h"
 #include "nhwc.h"
 
@@ -28,14 +32,21 @@ void launch_dgrad_nhwc_phases(const ConvParams& p, const at::TensorBase& grad_ou
   // strided slice of it (as launch_dgrad_phases in ../dgrad.cu).
   const at::Tensor flipped = at::Tensor(w).transpose(0, 1).flip({2, 3});
   const int64_t row_pitch = p.in_w * p.in_channels;
+  // Phases no tap reaches are zeros; the others run one forward each
+  // (side by side with the option dgrad_phase_streams).
+  std::vector<DgradPhase> work;
   for (const DgradPhase& ph : dgrad_phases(p)) {
-    const ConvParams& f = ph.fprop;
-    if (f.kernel_h == 0 || f.kernel_w == 0) {
+    if (ph.fprop.kernel_h == 0 || ph.fprop.kernel_w == 0) {
       at::Tensor(grad_in).slice(2, ph.row0, p.in_h, p.stride_h)
           .slice(3, ph.col0, p.in_w, p.stride_w)
           .zero_();
-      continue;
+    } else {
+      work.push_back(ph);
     }
+  }
+  for_each_work(static_cast<int>(work.size()), option(Option::kDgradPhaseStreams), [&](int i) {
+    const DgradPhase& ph = work[i];
+    const ConvParams& f = ph.fprop;
     // Sub-kernel row u is kernel row kh_last - u * kh_step: flipped row
     // KH - 1 - kh_last + u * kh_step. As the forward's [N][R][S][C] weight.
     const at::Tensor sub = flipped.slice(2, p.kernel_h - 1 - ph.kh_last, p.kernel_h, ph.kh_step)
@@ -48,7 +59,7 @@ void launch_dgrad_nhwc_phases(const ConvParams& p, const at::TensorBase& grad_ou
                                  p.stride_w * p.in_channels,
                                  ph.row0 * row_pitch + ph.col0 * p.in_channels};
     launch_fprop_nhwc(f, out, grad_out, sub, at::Tensor(), grad_in);
-  }
+  });
 }
 
 }  // namespace cuda

@@ -225,10 +225,16 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int sm = current_sm();
+  // IEEE mode reaches the engine only through the plan's nhwc_tf32x3.
+  const bool tf32x3 = math_mode(at::kFloat) == MathMode::kIEEE;
+  TORCH_CHECK(!tf32x3 || nhwc_tf32x3(sm), "conv2d_ext: internal error: an IEEE-mode forward "
+              "reached the channels_last engine without its 3xTF32 kernel");
   cfg::FpropKernel k =
-      cfg::choose_fprop(p, device_properties()->multiProcessorCount,
-                        nhwc_wgmma(sm), nhwc_split_k(sm), nhwc_wide_tiles(sm));
+      cfg::choose_fprop(p, device_properties()->multiProcessorCount, nhwc_wgmma(sm),
+                        nhwc_split_k(sm), nhwc_wide_tiles(sm), /*elem_bytes=*/4, tf32x3);
   k.round = !option(Option::kNhwcTf32Truncate);
+  k.tf32x3 = tf32x3;
+  TORCH_CHECK(!tf32x3 || k.wgmma, "conv2d_ext: internal error: 3xTF32 off wgmma");
   const cfg::Tile tile = k.tile;
   if (k.wgmma) {
     launch_fprop_nhwc_wgmma<float>(p, out, xp, wp, bp, yp, k);

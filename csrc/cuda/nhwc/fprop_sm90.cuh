@@ -18,6 +18,12 @@
 // Where config.h's choose_fprop splits K, grid.y is the slice: each slice
 // writes its float32 partial sums to a workspace [slice][M][N], and a
 // second kernel adds them in slice order, with the bias, into y.
+// 3xTF32 (IEEE mode, kX3): each thread splits the chunks it copied into
+// their big TF32 parts, in place, and small ones, in the stage's second
+// half; a K tile's big*small and small*big products, then its big*big, go
+// into a partial sum that the accumulators take with FADDs once the
+// wgmmas retire, so that the tensor cores' truncating sums run over one
+// K tile's 32 channels at most, the rest as FP32 sums.
 //
 // Instantiated per element type in its own file (fprop_sm90_*.cu), so the
 // three compile in parallel.
@@ -45,15 +51,21 @@ namespace nhwc_sm90 {
 namespace cfg = igemm_nhwc;
 constexpr int kBM = 128;  // two warpgroups of 64 rows
 
-template <int BN, typename E>
+template <int BN, typename E, bool kX3_ = false>
 struct WgmmaTraits {
+  static constexpr bool kX3 = kX3_;
   static constexpr int kFrags = BN / 8;  // a warp's n8 accumulator fragments
   static constexpr int kARows = kBM * nhwc::kChunks / cfg::kThreads;  // rows a thread copies
   static constexpr int kBRows = BN * nhwc::kChunks / cfg::kThreads;
-  static constexpr int kStageElems = (kBM + BN) * nhwc::kRowElems<E>;
-  static constexpr int kStages = cfg::stages(kBM, BN);
-  static constexpr int kBlocksPerSm = cfg::blocks_per_sm(kBM, BN);
+  // A staged K tile; with kX3 its small parts follow (same swizzle: the
+  // offset is a whole number of 1024-byte atoms).
+  static constexpr int kHalfElems = (kBM + BN) * nhwc::kRowElems<E>;
+  static constexpr int kStageElems = kHalfElems * (kX3 ? 2 : 1);
+  static constexpr int kStages = kX3 ? cfg::tf32x3_stages(BN) : cfg::stages(kBM, BN);
+  static constexpr int kBlocksPerSm = kX3 ? 1 : cfg::blocks_per_sm(kBM, BN);
   static_assert(cfg::kThreads == 256, "two warpgroups");
+  static_assert(!kX3 || std::is_same_v<E, float>, "3xTF32 splits float32 operands");
+  static_assert(kHalfElems * sizeof(E) % cfg::kWgmmaAlign == 0, "small parts on whole atoms");
 };
 
 // The chunks this thread copied into a float32 stage (load_stage's rows),
@@ -74,6 +86,27 @@ __device__ __forceinline__ void round_own_chunks(float* stage, int row0, int chu
   float* const sb = stage + kBM * cfg::kBlockK;
 #pragma unroll
   for (int i = 0; i < T::kBRows; ++i) round4(sb + nhwc::swizzled(row0 + i * kRowStep, chunk));
+}
+
+// 3xTF32: the chunks this thread copied into a float32 stage (load_stage's
+// rows) split into big (rounded to nearest TF32, in place) and small (the
+// rest, rounded) parts, the small ones at the same place of the stage's
+// second half. Rounding both leaves each product's error at most about
+// 2^-22 of it (mma.cuh, tf32_split).
+template <typename T>
+__device__ __forceinline__ void split_own_chunks(float* stage, int row0, int chunk) {
+  auto split4 = [](float* at) {
+    uint32_t big[4], small[4];
+    tf32_split4<true, true>(*reinterpret_cast<const float4*>(at), big, small);
+    *reinterpret_cast<uint4*>(at) = make_uint4(big[0], big[1], big[2], big[3]);
+    *reinterpret_cast<uint4*>(at + T::kHalfElems) = make_uint4(small[0], small[1], small[2], small[3]);
+  };
+  constexpr int kRowStep = cfg::kThreads / nhwc::kChunks;
+#pragma unroll
+  for (int i = 0; i < T::kARows; ++i) split4(stage + nhwc::swizzled(row0 + i * kRowStep, chunk));
+  float* const sb = stage + kBM * cfg::kBlockK;
+#pragma unroll
+  for (int i = 0; i < T::kBRows; ++i) split4(sb + nhwc::swizzled(row0 + i * kRowStep, chunk));
 }
 
 // One k step's wgmma in E's type: TF32 k8, or 16-bit k16.
@@ -101,14 +134,40 @@ __device__ __forceinline__ void issue_stage(float (&acc)[T::kFrags][4], const E*
   wgmma_commit();
 }
 
-// This thread's copies of a stage landed, rounded if asked (float32), and
-// handed to the async proxy; a barrier must still follow before wgmma
-// reads it.
+// 3xTF32: warpgroup wg's products over one staged K tile into `part`
+// (overwritten): every k step's big*small and small*big, then big*big, so
+// that the small products are summed before the large ones join. Issued
+// only, as issue_stage.
+template <typename T>
+__device__ __forceinline__ void issue_stage_x3(float (&part)[T::kFrags][4], const float* stage,
+                                               int wg) {
+  const uint32_t a = smem_addr(stage) + wg * 64 * cfg::kRowBytes;
+  const uint32_t b = smem_addr(stage + kBM * cfg::kBlockK);
+  constexpr uint32_t kSmall = T::kHalfElems * sizeof(float);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < cfg::kRowBytes / 32; ++kk) {
+    wgmma_tf32_ss(part, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + kSmall + 32 * kk),
+                  kk > 0);
+    wgmma_tf32_ss(part, wgmma_desc_sw128(a + kSmall + 32 * kk), wgmma_desc_sw128(b + 32 * kk),
+                  true);
+  }
+#pragma unroll
+  for (int kk = 0; kk < cfg::kRowBytes / 32; ++kk)
+    wgmma_tf32_ss(part, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk), true);
+  wgmma_commit();
+}
+
+// This thread's copies of a stage landed, rounded (float32, if `convert`)
+// or split (3xTF32), and handed to the async proxy; a barrier must still
+// follow before wgmma reads it.
 template <typename T, typename E>
-__device__ __forceinline__ void ready_own_chunks(E* stage, int row0, int chunk, bool round) {
+__device__ __forceinline__ void ready_own_chunks(E* stage, int row0, int chunk, bool convert) {
   cp_async_wait<T::kStages - 2>();
-  if constexpr (std::is_same_v<E, float>) {
-    if (round) round_own_chunks<T>(stage, row0, chunk);
+  if constexpr (T::kX3) {
+    if (convert) split_own_chunks<T>(stage, row0, chunk);
+  } else if constexpr (std::is_same_v<E, float>) {
+    if (convert) round_own_chunks<T>(stage, row0, chunk);
   }
   fence_proxy_async_smem();
 }
@@ -164,14 +223,14 @@ __device__ __forceinline__ void store_tile(const float (&acc)[T::kFrags][4], con
 }
 
 // Operands of type E; results of type O: E itself, or float32 partial sums
-// of a K slice.
-template <int BN, typename E, typename O>
-__global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN, E>::kBlocksPerSm)
+// of a K slice. kX3: 3xTF32 (E float32).
+template <int BN, typename E, typename O, bool kX3 = false>
+__global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN, E, kX3>::kBlocksPerSm)
     fprop_nhwc_wgmma_kernel(const ConvParams p, const cfg::OutMap out, const E* __restrict__ x,
                             const E* __restrict__ w, const O* __restrict__ bias,
                             O* __restrict__ y, int n_tiles, int c_tiles, int k_tiles,
                             int tiles_per_split, int64_t split_elems, bool round) {
-  using T = WgmmaTraits<BN, E>;
+  using T = WgmmaTraits<BN, E, kX3>;
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   E* const smem = reinterpret_cast<E*>(
       smem_bytes + ((cfg::kWgmmaAlign - (smem_addr(smem_bytes) & (cfg::kWgmmaAlign - 1))) &
@@ -195,22 +254,36 @@ __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN, E>::kBlocksPerS
   };
 
   float acc[T::kFrags][4];
+  float part[T::kFrags][4];  // 3xTF32: a K tile's products
 #pragma unroll
   for (int j = 0; j < T::kFrags; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+  const bool convert = kX3 || round;  // 3xTF32 always splits
 #pragma unroll
   for (int s = 0; s < T::kStages - 1; ++s) load(s);
-  ready_own_chunks<T>(stage(0), row0, chunk, round);
+  ready_own_chunks<T>(stage(0), row0, chunk, convert);
   __syncthreads();
   for (int kt = 0; kt < kts; ++kt) {
-    issue_stage<T>(acc, stage(kt), warp >> 2);
+    if constexpr (kX3) {
+      issue_stage_x3<T>(part, stage(kt), warp >> 2);
+    } else {
+      issue_stage<T>(acc, stage(kt), warp >> 2);
+    }
     // While the tensor cores work on tile kt: refill the stage tile kt - 1
     // used (retired before the last barrier) and ready tile kt + 1.
     load(kt + T::kStages - 1);
-    ready_own_chunks<T>(stage(kt + 1), row0, chunk, round && kt + 1 < kts);
+    ready_own_chunks<T>(stage(kt + 1), row0, chunk, convert && kt + 1 < kts);
     wgmma_wait<0>();
-    wgmma_fence_operands(acc);
+    if constexpr (kX3) {
+      wgmma_fence_operands(part);
+#pragma unroll
+      for (int j = 0; j < T::kFrags; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
+    } else {
+      wgmma_fence_operands(acc);
+    }
     // Tile kt + 1 is visible to wgmma, and both warpgroups have retired
     // tile kt's, whose stage the next iteration's copy overwrites.
     __syncthreads();
@@ -235,18 +308,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int BN, typename E>
+template <int BN, typename E, bool kX3>
 void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w, const E* bias,
             E* y, const cfg::FpropKernel& k) {
   const NhwcGrid g = nhwc_fprop_grid(p, {kBM, BN}, int(sizeof(E)));
   TORCH_CHECK(k.splits >= 1 && k.splits * k.tiles_per_split >= g.k_tiles &&
                   (k.splits - 1) * k.tiles_per_split < g.k_tiles,
               "conv2d_ext: internal error: K slices do not cover the K tiles");
-  const size_t smem = static_cast<size_t>(cfg::wgmma_smem_bytes({kBM, BN}));
+  const size_t smem = static_cast<size_t>(kX3 ? cfg::tf32x3_smem_bytes({kBM, BN})
+                                              : cfg::wgmma_smem_bytes({kBM, BN}));
   const dim3 grid(static_cast<unsigned>(g.m_tiles * g.n_tiles), static_cast<unsigned>(k.splits));
   const auto stream = current_stream();
   if (k.splits == 1) {
-    auto kernel = fprop_nhwc_wgmma_kernel<BN, E, E>;
+    auto kernel = fprop_nhwc_wgmma_kernel<BN, E, E, kX3>;
     ensure_dynamic_smem(kernel, smem);
     kernel<<<grid, cfg::kThreads, smem, stream>>>(
         p, out, x, w, bias, y, static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles),
@@ -257,7 +331,7 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
   // choose_fprop splits K on 128 x 128 and 128 x 64 tiles only.
   if constexpr (BN != 256) {
     // Each slice's partial sums, dense [M][N], no bias; then their sum.
-    auto kernel = fprop_nhwc_wgmma_kernel<BN, E, float>;
+    auto kernel = fprop_nhwc_wgmma_kernel<BN, E, float, kX3>;
     ensure_dynamic_smem(kernel, smem);
     const int64_t mn = p.gemm_m() * p.out_channels;
     const at::TensorBase partial = scratch({k.splits, mn}, at::kFloat);
@@ -275,22 +349,35 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
   }
 }
 
+// The kernel of k's math: 3xTF32 for float32 operands in IEEE mode (128 x
+// 128 and 128 x 64 tiles), else E's own.
+template <int BN, typename E>
+void launch_math(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
+                 const E* bias, E* y, const cfg::FpropKernel& k) {
+  if constexpr (std::is_same_v<E, float> && BN != 256) {
+    if (k.tf32x3) return launch<BN, E, true>(p, out, x, w, bias, y, k);
+  }
+  TORCH_CHECK(!k.tf32x3, "conv2d_ext: internal error: no 3xTF32 wgmma forward for these tiles "
+              "or operands");
+  launch<BN, E, false>(p, out, x, w, bias, y, k);
+}
+
 }  // namespace nhwc_sm90
 
 template <typename E>
 void launch_fprop_nhwc_wgmma(const ConvParams& p, const igemm_nhwc::OutMap& out, const E* x,
                              const E* w, const E* bias, E* y, const igemm_nhwc::FpropKernel& k) {
   using nhwc_sm90::kBM;
-  using nhwc_sm90::launch;
+  using nhwc_sm90::launch_math;
   TORCH_CHECK(k.tile.m == kBM && (k.tile.n == 256 || k.tile.n == 128 || k.tile.n == 64),
               "conv2d_ext: internal error: no wgmma forward for a ", k.tile.m, " x ", k.tile.n,
               " tile");
   if (k.tile.n == 256) {
-    launch<256>(p, out, x, w, bias, y, k);
+    launch_math<256>(p, out, x, w, bias, y, k);
   } else if (k.tile.n == 128) {
-    launch<128>(p, out, x, w, bias, y, k);
+    launch_math<128>(p, out, x, w, bias, y, k);
   } else {
-    launch<64>(p, out, x, w, bias, y, k);
+    launch_math<64>(p, out, x, w, bias, y, k);
   }
 }
 
