@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 23> kEntries{{
+constexpr std::array<Entry, 24> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -38,8 +38,9 @@ constexpr std::array<Entry, 23> kEntries{{
     {"nhwc_copies", true},
     {"dgrad_phase_streams", false},
     {"nhwc_ieee", false},
+    {"nhwc_wgmma_pipelined", false},
 }};
-static_assert(static_cast<int>(Option::kNhwcIeee) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcWgmmaPipelined) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

@@ -82,6 +82,10 @@ enum class Option : int {
   // engine's wgmma forward in 3xTF32 on Hopper (default off until
   // measured); off runs the NCHW kernels on copies.
   kNhwcIeee,
+  // The engine's wgmma forward keeps one K tile's wgmmas in flight while it
+  // readies the next and meets the barrier (default off until measured);
+  // off retires each tile's before the barrier.
+  kNhwcWgmmaPipelined,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

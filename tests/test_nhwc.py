@@ -584,3 +584,34 @@ def test_ieee_forward_and_dgrad_on_tf32x3(case):
         assert rel_err(ours, ref) <= tolerance(torch.float32, "ieee", k)
         assert rel_err(ours, ref) <= rel_err(cudnn, ref), (
             f"relative error {rel_err(ours, ref):.3g} against cuDNN's {rel_err(cudnn, ref):.3g}")
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["partial_128x128", "partial_128x64", "deep_7x7", "big_3x3_s2",
+                                  "wide_partial"])
+def test_pipelined_wgmma_forward_gives_the_same_bits(case, dtype):
+    """Option nhwc_wgmma_pipelined: the wgmma forward keeps a K tile's
+    wgmmas in flight across the barrier, which changes when they run, not
+    what they add: the forward and dgrad (by phases where strided) equal
+    the unpipelined kernel's bits, 128 x 128, 128 x 64 and 128 x 256 tiles
+    and K slices included."""
+    if not is_hopper_build():
+        pytest.skip("the wgmma forward runs on Hopper only")
+    x, w, b, kw = _operands(case)
+    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+    results = []
+    for pipelined in (False, True):
+        with tf32_mode(True), option("nhwc_wgmma_pipelined", pipelined), \
+                option("nhwc_wide_tiles", case == "wide_partial"), option("poison_outputs", True):
+            assert ops._algorithm("forward", *_args(x, w, kw)) == "implicit_gemm_nhwc"
+            y = conv2d_ext.conv2d(x, w, b, **kw)
+            gy = torch.randn(y.shape, device="cuda", generator=torch.Generator(device="cuda")
+                             .manual_seed(3)).to(dtype).contiguous(memory_format=CL)
+            gx = ops.conv2d_backward_input(gy, w, list(x.shape), *_args(x, w, kw)[2:])
+            results.append((y, gx))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    y64 = reference(x, w, b, kw["stride"], kw["padding"], kw["dilation"], 1)
+    taps = w.shape[2] * w.shape[3]
+    assert rel_err(results[1][0], y64) <= tolerance(dtype, "tf32", w.shape[1] * taps)

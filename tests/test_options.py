@@ -13,7 +13,8 @@ NAMES = ["poison_outputs", "hopper_kernels", "flat_kernels", "short_wgrad_direct
          "nhwc_kernels", "nhwc_wgrad", "nhwc_wgmma", "nhwc_split_k",
          "nhwc_wide_tiles", "cpu_avx512", "cpu_avx2",
          "nhwc_tf32_truncate", "nhwc_16bit", "nhwc_ieee_wgrad", "nhwc_copies",
-         "dgrad_phase_streams", "nhwc_ieee"]
+         "dgrad_phase_streams", "nhwc_ieee",
+         "nhwc_wgmma_pipelined"]
 
 
 def test_option_names():

@@ -188,9 +188,10 @@ void launch_16bit(const ConvParams& p, const cfg::OutMap& out, const at::TensorB
   const int sm = current_sm();
   TORCH_CHECK(nhwc_wgmma(sm), "conv2d_ext: internal error: 16-bit operands reached the "
               "channels_last engine without its wgmma forward");
-  const cfg::FpropKernel k =
+  cfg::FpropKernel k =
       cfg::choose_fprop(p, device_properties()->multiProcessorCount,
                         /*hopper=*/true, nhwc_split_k(sm), nhwc_wide_tiles(sm), /*elem_bytes=*/2);
+  k.pipelined = option(Option::kNhwcWgmmaPipelined);
   auto ptr = [](const at::TensorBase& t) { return reinterpret_cast<const E*>(t.data_ptr()); };
   launch_fprop_nhwc_wgmma<E>(p, out, ptr(x), ptr(w), bias.defined() ? ptr(bias) : nullptr,
                              reinterpret_cast<E*>(y.data_ptr()), k);
@@ -234,6 +235,7 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
                         nhwc_split_k(sm), nhwc_wide_tiles(sm), /*elem_bytes=*/4, tf32x3);
   k.round = !option(Option::kNhwcTf32Truncate);
   k.tf32x3 = tf32x3;
+  k.pipelined = option(Option::kNhwcWgmmaPipelined);
   TORCH_CHECK(!tf32x3 || k.wgmma, "conv2d_ext: internal error: 3xTF32 off wgmma");
   const cfg::Tile tile = k.tile;
   if (k.wgmma) {

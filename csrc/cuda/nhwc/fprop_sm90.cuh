@@ -160,10 +160,11 @@ __device__ __forceinline__ void issue_stage_x3(float (&part)[T::kFrags][4], cons
 
 // This thread's copies of a stage landed, rounded (float32, if `convert`)
 // or split (3xTF32), and handed to the async proxy; a barrier must still
-// follow before wgmma reads it.
-template <typename T, typename E>
+// follow before wgmma reads it. kPending: the copy groups committed after
+// the stage's, which may still be in flight.
+template <typename T, typename E, int kPending = T::kStages - 2>
 __device__ __forceinline__ void ready_own_chunks(E* stage, int row0, int chunk, bool convert) {
-  cp_async_wait<T::kStages - 2>();
+  cp_async_wait<kPending>();
   if constexpr (T::kX3) {
     if (convert) split_own_chunks<T>(stage, row0, chunk);
   } else if constexpr (std::is_same_v<E, float>) {
@@ -223,8 +224,12 @@ __device__ __forceinline__ void store_tile(const float (&acc)[T::kFrags][4], con
 }
 
 // Operands of type E; results of type O: E itself, or float32 partial sums
-// of a K slice. kX3: 3xTF32 (E float32).
-template <int BN, typename E, typename O, bool kX3 = false>
+// of a K slice. kX3: 3xTF32 (E float32). kPipelined (not with kX3): tile
+// kt's wgmmas stay in flight while tile kt + 1 is readied and the barrier
+// passes, and tile kt - 1's retire first (wgmma_wait<1>), so the tensor
+// cores need not drain at every barrier; the copy into tile kt - 1's stage
+// then waits until after the barrier, one step later than otherwise.
+template <int BN, typename E, typename O, bool kX3 = false, bool kPipelined = false>
 __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN, E, kX3>::kBlocksPerSm)
     fprop_nhwc_wgmma_kernel(const ConvParams p, const cfg::OutMap out, const E* __restrict__ x,
                             const E* __restrict__ w, const O* __restrict__ bias,
@@ -264,29 +269,47 @@ __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN, E, kX3>::kBlock
   for (int s = 0; s < T::kStages - 1; ++s) load(s);
   ready_own_chunks<T>(stage(0), row0, chunk, convert);
   __syncthreads();
-  for (int kt = 0; kt < kts; ++kt) {
-    if constexpr (kX3) {
-      issue_stage_x3<T>(part, stage(kt), warp >> 2);
-    } else {
+  if constexpr (kPipelined) {
+    static_assert(!kX3 && T::kStages >= 3, "a stage in flight, one ready, one refilling");
+    for (int kt = 0; kt < kts; ++kt) {
       issue_stage<T>(acc, stage(kt), warp >> 2);
+      wgmma_wait<1>();  // tile kt - 1's retire; tile kt's run on
+      // The copies committed after tile kt + 1's (kStages - 3 groups: this
+      // iteration's comes after the barrier) may still be in flight.
+      ready_own_chunks<T, E, T::kStages - 3>(stage(kt + 1), row0, chunk,
+                                             convert && kt + 1 < kts);
+      // Both warpgroups have retired tile kt - 1, whose stage the copy below
+      // refills, and tile kt + 1 is visible to wgmma.
+      __syncthreads();
+      load(kt + T::kStages - 1);
     }
-    // While the tensor cores work on tile kt: refill the stage tile kt - 1
-    // used (retired before the last barrier) and ready tile kt + 1.
-    load(kt + T::kStages - 1);
-    ready_own_chunks<T>(stage(kt + 1), row0, chunk, convert && kt + 1 < kts);
     wgmma_wait<0>();
-    if constexpr (kX3) {
-      wgmma_fence_operands(part);
+    wgmma_fence_operands(acc);
+  } else {
+    for (int kt = 0; kt < kts; ++kt) {
+      if constexpr (kX3) {
+        issue_stage_x3<T>(part, stage(kt), warp >> 2);
+      } else {
+        issue_stage<T>(acc, stage(kt), warp >> 2);
+      }
+      // While the tensor cores work on tile kt: refill the stage tile kt - 1
+      // used (retired before the last barrier) and ready tile kt + 1.
+      load(kt + T::kStages - 1);
+      ready_own_chunks<T>(stage(kt + 1), row0, chunk, convert && kt + 1 < kts);
+      wgmma_wait<0>();
+      if constexpr (kX3) {
+        wgmma_fence_operands(part);
 #pragma unroll
-      for (int j = 0; j < T::kFrags; ++j)
+        for (int j = 0; j < T::kFrags; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
-    } else {
-      wgmma_fence_operands(acc);
+          for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
+      } else {
+        wgmma_fence_operands(acc);
+      }
+      // Tile kt + 1 is visible to wgmma, and both warpgroups have retired
+      // tile kt's, whose stage the next iteration's copy overwrites.
+      __syncthreads();
     }
-    // Tile kt + 1 is visible to wgmma, and both warpgroups have retired
-    // tile kt's, whose stage the next iteration's copy overwrites.
-    __syncthreads();
   }
   store_tile<T>(acc, p, out, bias, y, m0, n0, warp, lane);
 }
@@ -320,7 +343,8 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
   const dim3 grid(static_cast<unsigned>(g.m_tiles * g.n_tiles), static_cast<unsigned>(k.splits));
   const auto stream = current_stream();
   if (k.splits == 1) {
-    auto kernel = fprop_nhwc_wgmma_kernel<BN, E, E, kX3>;
+    auto kernel = !kX3 && k.pipelined ? fprop_nhwc_wgmma_kernel<BN, E, E, kX3, !kX3>
+                                      : fprop_nhwc_wgmma_kernel<BN, E, E, kX3>;
     ensure_dynamic_smem(kernel, smem);
     kernel<<<grid, cfg::kThreads, smem, stream>>>(
         p, out, x, w, bias, y, static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles),
@@ -331,7 +355,8 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
   // choose_fprop splits K on 128 x 128 and 128 x 64 tiles only.
   if constexpr (BN != 256) {
     // Each slice's partial sums, dense [M][N], no bias; then their sum.
-    auto kernel = fprop_nhwc_wgmma_kernel<BN, E, float, kX3>;
+    auto kernel = !kX3 && k.pipelined ? fprop_nhwc_wgmma_kernel<BN, E, float, kX3, !kX3>
+                                      : fprop_nhwc_wgmma_kernel<BN, E, float, kX3>;
     ensure_dynamic_smem(kernel, smem);
     const int64_t mn = p.gemm_m() * p.out_channels;
     const at::TensorBase partial = scratch({k.splits, mn}, at::kFloat);
