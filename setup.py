@@ -295,12 +295,15 @@ def write_build_info(with_cuda, archs, families=None):
 # (comma-separated) builds only those, for fast iteration on one family:
 # the others' launchers are then stubs that raise when the plan picks them
 # (csrc/cuda/without_families.cu), so such a build fails the tests of the
-# families it left out. Unset: every family.
+# families it left out. Unset: every family. The stubs' switches go into a
+# header only that file includes (FAMILIES_HEADER, not in git), so that a
+# change of families recompiles it alone, not every file.
 FAMILIES = ("direct", "few_channels", "implicit_gemm", "nhwc", "sm90")
+FAMILIES_HEADER = os.path.join("csrc", "cuda", "families_built.h")
 
 
 def select_families(environ):
-    """(families to build, -D flags that stub out the rest) from
+    """(families to build, the macros that stub out the rest) from
     CONV2D_EXT_FAMILIES."""
     text = environ.get("CONV2D_EXT_FAMILIES", "").strip()
     if not text:
@@ -311,7 +314,19 @@ def select_families(environ):
         raise SystemExit(f"CONV2D_EXT_FAMILIES={text!r}: unknown {', '.join(unknown) or 'empty list'}; "
                          f"the families are {', '.join(FAMILIES)}")
     built = tuple(f for f in FAMILIES if f in chosen)
-    return built, [f"-DCONV2D_EXT_WITHOUT_{f.upper()}" for f in FAMILIES if f not in built]
+    return built, [f"CONV2D_EXT_WITHOUT_{f.upper()}" for f in FAMILIES if f not in built]
+
+
+def write_families_header(without, root=ROOT):
+    """FAMILIES_HEADER with `without`'s macros defined (none: a full
+    build), rewritten only when its text changes, so that ninja leaves
+    without_families.cu alone between builds of the same families."""
+    text = "// Written by setup.py: the kernel families this build leaves out.\n#pragma once\n"
+    text += "".join(f"#define {macro}\n" for macro in without)
+    path = os.path.join(root, FAMILIES_HEADER)
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path, "w") as f:
+            f.write(text)
 
 
 def cuda_sources(families, root=ROOT):
@@ -373,8 +388,9 @@ def make_extension():
     if without:
         print(f"conv2d_ext: building the kernel families {', '.join(families)} only (CONV2D_EXT_FAMILIES)")
     write_build_info(True, archs, families if without else None)
+    write_families_header(without)
     sources = build_order(sources + cuda_sources(families))
-    nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"] + without
+    nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-DCONV2D_EXT_FAMILIES_HEADER"]
     arch_flags = hopper_arch_flags(archs)
     if arch_flags:
         nvcc_flags += arch_flags

@@ -79,8 +79,10 @@ enum class Option : int {
   // the caller's stream and joined back (default off until measured).
   kDgradPhaseStreams,
   // IEEE mode's forward and dgrad of channels_last operands may run the
-  // engine's wgmma forward in 3xTF32 on Hopper (default off until
-  // measured); off runs the NCHW kernels on copies.
+  // engine's wgmma forward in 3xTF32 on Hopper, and so may NCHW ones on
+  // channels_last copies where nhwc_copies' bounds say (default off until
+  // measured); off runs the NCHW kernels (on NCHW copies for
+  // channels_last operands).
   kNhwcIeee,
   // The engine's wgmma forward keeps one K tile's wgmmas in flight while it
   // readies the next and meets the barrier (default off until measured);

@@ -146,11 +146,11 @@ Algo few_channels_algo(const ConvParams& p, Pass pass, MathMode math, int sm) {
 // empty (docs/kernels.md, "The channels_last engine"; measured against the
 // engine's mma.sync, before its wgmma forward).
 constexpr int64_t kNhwcFlatMaxChannels = 32;
-bool nhwc_fprop(const ConvParams& p, int sm) {
+bool nhwc_fprop(const ConvParams& p, int sm, bool tf32x3 = false) {
   if (!igemm_nhwc::fits(p)) return false;
   return !(hopper_kernels(sm) && option(Option::kFlatKernels) &&
            std::min(p.in_channels, p.out_channels) <= kNhwcFlatMaxChannels &&
-           igemm_fprop_sm90_flat::fits(p, false));
+           igemm_fprop_sm90_flat::fits(p, tf32x3));
 }
 // wgrad likewise: the engine's N tile is one tap's input channels, so it
 // reads both operands once per tap, where the sm_90 wgrad reads them once;
@@ -191,13 +191,15 @@ bool nhwc_ieee_wgrad(const ConvParams& p) {
 // where the option asks (nhwc_tf32x3), as TF32 mode's would.
 bool nhwc_engine(const ConvParams& p, Pass pass, MathMode math, int sm) {
   if (!option(Option::kNhwcKernels) || sm < 80) return false;
-  if (math != MathMode::kTF32) {
+  const bool tf32x3 = math == MathMode::kIEEE;
+  if (tf32x3) {
     if (pass == Pass::kWgrad) return nhwc_ieee_wgrad(p);
     if (!nhwc_tf32x3(sm)) return false;
   }
-  if (pass == Pass::kFprop) return nhwc_fprop(p, sm);
+  if (pass == Pass::kFprop) return nhwc_fprop(p, sm, tf32x3);
   if (pass == Pass::kDgrad) {
-    return dgrad_is_fprop(p) ? nhwc_fprop(dgrad_as_fprop(p), sm) : igemm_nhwc::dgrad_phases_fit(p);
+    return dgrad_is_fprop(p) ? nhwc_fprop(dgrad_as_fprop(p), sm, tf32x3)
+                             : igemm_nhwc::dgrad_phases_fit(p);
   }
   return nhwc_wgrad(p, sm);
 }

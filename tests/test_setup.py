@@ -265,10 +265,10 @@ def test_every_family_by_default():
 
 
 def test_some_families_stub_out_the_rest():
-    built, flags = setup.select_families({"CONV2D_EXT_FAMILIES": "sm90, nhwc"})
+    built, without = setup.select_families({"CONV2D_EXT_FAMILIES": "sm90, nhwc"})
     assert built == ("nhwc", "sm90")
-    assert flags == ["-DCONV2D_EXT_WITHOUT_DIRECT", "-DCONV2D_EXT_WITHOUT_FEW_CHANNELS",
-                     "-DCONV2D_EXT_WITHOUT_IMPLICIT_GEMM"]
+    assert without == ["CONV2D_EXT_WITHOUT_DIRECT", "CONV2D_EXT_WITHOUT_FEW_CHANNELS",
+                       "CONV2D_EXT_WITHOUT_IMPLICIT_GEMM"]
     sources = setup.cuda_sources(built)
     assert "csrc/cuda/fprop.cu" in sources and "csrc/cuda/without_families.cu" in sources
     assert any(f.startswith("csrc/cuda/sm90/instantiations/") for f in sources)
@@ -287,6 +287,21 @@ def test_every_cuda_file_belongs_to_a_family_or_to_every_build():
              for dirpath, _, files in os.walk(os.path.join(ROOT, "csrc", "cuda"))
              for f in files if f.endswith(".cu")}
     assert set(setup.cuda_sources(setup.FAMILIES)) == every
+
+
+def test_the_families_header_is_rewritten_only_when_it_changes(tmp_path):
+    """The stubs' macros live in a header only without_families.cu reads:
+    the same families leave it untouched (ninja then rebuilds nothing),
+    others rewrite it."""
+    (tmp_path / "csrc" / "cuda").mkdir(parents=True)
+    header = tmp_path / setup.FAMILIES_HEADER
+    setup.write_families_header(["CONV2D_EXT_WITHOUT_SM90"], root=str(tmp_path))
+    assert "#define CONV2D_EXT_WITHOUT_SM90\n" in header.read_text()
+    os.utime(header, (1, 1))
+    setup.write_families_header(["CONV2D_EXT_WITHOUT_SM90"], root=str(tmp_path))
+    assert header.stat().st_mtime == 1
+    setup.write_families_header([], root=str(tmp_path))
+    assert "#define" not in header.read_text() and header.stat().st_mtime > 1
 
 
 def test_an_unknown_family_is_refused_with_the_list():

@@ -30,22 +30,33 @@ void for_each_work(int count, bool side_by_side, const std::function<void(int)>&
   // (the operands, and tensors made before this call), and the caller's
   // stream waits for them before anything queued after: frees of such
   // tensors stay ordered after their last use, and graph capture sees one
-  // fork and one join.
-  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream();
+  // fork and one join. The joins are a destructor's, so that they hold
+  // when a work item throws too (the tensors freed on the way out may
+  // still be in use on a side stream).
+  struct Joins {
+    const c10::cuda::CUDAStream caller;
+    std::vector<c10::cuda::CUDAStream> sides;
+    ~Joins() {
+      for (const c10::cuda::CUDAStream& side : sides) {
+        try {
+          at::cuda::CUDAEvent joined;
+          joined.record(side);
+          joined.block(caller);
+        } catch (...) {  // a destructor must not throw; the error surfaces on the next check
+        }
+      }
+    }
+  } joins{c10::cuda::getCurrentCUDAStream(), {}};
   at::cuda::CUDAEvent forked;
-  forked.record(caller);
-  std::vector<at::cuda::CUDAEvent> joined(count - 1);
+  forked.record(joins.caller);
   run(0);
   for (int i = 1; i < count; ++i) {
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
     forked.block(side);
-    {
-      c10::cuda::CUDAStreamGuard guard(side);
-      run(i);
-    }
-    joined[i - 1].record(side);
+    joins.sides.push_back(side);
+    c10::cuda::CUDAStreamGuard guard(side);
+    run(i);
   }
-  for (at::cuda::CUDAEvent& e : joined) e.block(caller);
 }
 
 }  // namespace cuda

@@ -2,8 +2,15 @@
 // CONV2D_EXT_FAMILIES, a switch for fast iteration on one family). Each
 // raises, naming its family: a call whose plan picks such a kernel fails
 // with that message instead of the module failing to load on an undefined
-// symbol. A full build defines none of these.
+// symbol. setup.py writes the CONV2D_EXT_WITHOUT_<FAMILY> macros into
+// families_built.h (none for a full build) and says so with
+// CONV2D_EXT_FAMILIES_HEADER; other builds (CMake's) are full ones, whatever
+// header an earlier setup.py build left.
 #include <c10/util/Exception.h>
+
+#ifdef CONV2D_EXT_FAMILIES_HEADER
+#include "families_built.h"
+#endif
 
 #include "direct/direct.h"
 #include "few_channels/few_channels.h"

@@ -17,6 +17,7 @@
 // - wide (RGB stems): 4 rows x 16 channels; the 4 slots cover a 64-channel
 //   tile, and every staged input value feeds 16 multiply-adds.
 // Lanes of a warp own consecutive columns (or column pairs): coalesced
+// stores, conflict-free shared reads at unit stride.
 //
 // Files: the kernels are in fprop.cuh, instantiated once per kernel size in
 // instantiations/fprop_*.cu; this file checks the problem, makes the

@@ -15,7 +15,6 @@ namespace {
 namespace fc = conv2d_ext::few_channels;
 using few_channels::HaloCols;
 
-using few_channels::HaloCols;
 
 // The weights of one tap for this thread's channels (broadcast reads).
 template <int kCo>
