@@ -14,7 +14,7 @@ struct Entry {
   bool default_value;
 };
 
-constexpr std::array<Entry, 24> kEntries{{
+constexpr std::array<Entry, 25> kEntries{{
     {"poison_outputs", false},
     {"hopper_kernels", true},
     {"flat_kernels", true},
@@ -39,8 +39,9 @@ constexpr std::array<Entry, 24> kEntries{{
     {"dgrad_phase_streams", false},
     {"nhwc_ieee", false},
     {"nhwc_wgmma_pipelined", false},
+    {"nhwc_ieee_half_parts", false},
 }};
-static_assert(static_cast<int>(Option::kNhwcWgmmaPipelined) + 1 == kEntries.size(),
+static_assert(static_cast<int>(Option::kNhwcIeeeHalfParts) + 1 == kEntries.size(),
               "one entry per Option, in the enum's order");
 
 struct Values {

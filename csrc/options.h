@@ -88,6 +88,11 @@ enum class Option : int {
   // readies the next and meets the barrier (default off until measured);
   // off retires each tile's before the barrier.
   kNhwcWgmmaPipelined,
+  // The engine's 3xTF32 forward (nhwc_ieee) retires its partial sums every
+  // two k8 steps instead of every K tile's four: a shorter truncating chain
+  // in the tensor cores, for accuracy on short reductions, at the cost of
+  // a drain per K tile (default off until measured).
+  kNhwcIeeeHalfParts,
 };
 
 // The current value (a relaxed load: a switch is flipped between calls).

@@ -548,12 +548,14 @@ IEEE_ENGINE = ["r50_3x3_7x7_plane", "r50_1x1_14", "partial_128x128", "partial_12
 
 
 @cuda_only
+@pytest.mark.parametrize("half_parts", [False, True], ids=["tile_parts", "half_parts"])
 @pytest.mark.parametrize("case", IEEE_ENGINE)
-def test_ieee_forward_and_dgrad_on_tf32x3(case):
+def test_ieee_forward_and_dgrad_on_tf32x3(case, half_parts):
     """The plan's choice with the option on and off and the kernel it
     reports; bitwise repeatable; against float64 within FP32's tolerance,
     and no less accurate than cuDNN's strict FP32 on the same inputs (the
-    precision contract), the forward and dgrad both."""
+    precision contract), the forward and dgrad both; partial sums of a K
+    tile and of half of one (option nhwc_ieee_half_parts)."""
     if not is_hopper_build():
         pytest.skip("3xTF32 on the engine runs on Hopper's wgmma only")
     x, w, b, kw = _operands(case)
@@ -567,7 +569,7 @@ def test_ieee_forward_and_dgrad_on_tf32x3(case):
                 assert ops._algorithm(name, *args) == "implicit_gemm_nhwc"
                 report = ops._kernel(name, *args, 10 * sm[0] + sm[1])
                 assert "math=tf32x3" in report and "wgmma=1" in report, report
-        with option("nhwc_ieee", True):
+        with option("nhwc_ieee", True), option("nhwc_ieee_half_parts", half_parts):
             y = conv2d_ext.conv2d(x, w, b, **kw)
             assert torch.equal(y, conv2d_ext.conv2d(x, w, b, **kw)), "not bitwise reproducible"
             gy = torch.randn_like(y)

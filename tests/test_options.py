@@ -14,7 +14,7 @@ NAMES = ["poison_outputs", "hopper_kernels", "flat_kernels", "short_wgrad_direct
          "nhwc_wide_tiles", "cpu_avx512", "cpu_avx2",
          "nhwc_tf32_truncate", "nhwc_16bit", "nhwc_ieee_wgrad", "nhwc_copies",
          "dgrad_phase_streams", "nhwc_ieee",
-         "nhwc_wgmma_pipelined"]
+         "nhwc_wgmma_pipelined", "nhwc_ieee_half_parts"]
 
 
 def test_option_names():

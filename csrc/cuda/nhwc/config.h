@@ -70,6 +70,7 @@ struct FpropKernel {
   bool round = true;  // wgmma: round operands to nearest TF32 in shared memory
   bool tf32x3 = false;  // IEEE mode: 3xTF32 on wgmma (fprop_sm90.cuh)
   bool pipelined = false;  // wgmma: one K tile's MMAs in flight across the barrier
+  bool half_parts = false;  // 3xTF32: a partial sum every two k steps, not four
 };
 constexpr int64_t kMinSliceTiles = 8;
 inline int64_t k_tiles(const ConvParams& p, int elem_bytes = 4) {

@@ -236,6 +236,7 @@ void launch_fprop_nhwc(const ConvParams& p, const cfg::OutMap& out, const at::Te
   k.round = !option(Option::kNhwcTf32Truncate);
   k.tf32x3 = tf32x3;
   k.pipelined = option(Option::kNhwcWgmmaPipelined);
+  k.half_parts = option(Option::kNhwcIeeeHalfParts);
   TORCH_CHECK(!tf32x3 || k.wgmma, "conv2d_ext: internal error: 3xTF32 off wgmma");
   const cfg::Tile tile = k.tile;
   if (k.wgmma) {

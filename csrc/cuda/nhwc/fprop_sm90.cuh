@@ -134,11 +134,11 @@ __device__ __forceinline__ void issue_stage(float (&acc)[T::kFrags][4], const E*
   wgmma_commit();
 }
 
-// 3xTF32: warpgroup wg's products over one staged K tile into `part`
-// (overwritten): every k step's big*small and small*big, then big*big, so
-// that the small products are summed before the large ones join. Issued
-// only, as issue_stage.
-template <typename T>
+// 3xTF32: warpgroup wg's products over k steps kFirst .. kFirst + kSteps - 1
+// of one staged K tile into `part` (overwritten): every step's big*small
+// and small*big, then big*big, so that the small products are summed
+// before the large ones join. Issued only, as issue_stage.
+template <typename T, int kFirst = 0, int kSteps = cfg::kRowBytes / 32>
 __device__ __forceinline__ void issue_stage_x3(float (&part)[T::kFrags][4], const float* stage,
                                                int wg) {
   const uint32_t a = smem_addr(stage) + wg * 64 * cfg::kRowBytes;
@@ -146,16 +146,26 @@ __device__ __forceinline__ void issue_stage_x3(float (&part)[T::kFrags][4], cons
   constexpr uint32_t kSmall = T::kHalfElems * sizeof(float);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < cfg::kRowBytes / 32; ++kk) {
+  for (int kk = kFirst; kk < kFirst + kSteps; ++kk) {
     wgmma_tf32_ss(part, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + kSmall + 32 * kk),
-                  kk > 0);
+                  kk > kFirst);
     wgmma_tf32_ss(part, wgmma_desc_sw128(a + kSmall + 32 * kk), wgmma_desc_sw128(b + 32 * kk),
                   true);
   }
 #pragma unroll
-  for (int kk = 0; kk < cfg::kRowBytes / 32; ++kk)
+  for (int kk = kFirst; kk < kFirst + kSteps; ++kk)
     wgmma_tf32_ss(part, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk), true);
   wgmma_commit();
+}
+
+// part's sums into the accumulators, once its wgmmas have retired.
+template <typename T>
+__device__ __forceinline__ void add_part(float (&acc)[T::kFrags][4], float (&part)[T::kFrags][4]) {
+  wgmma_fence_operands(part);
+#pragma unroll
+  for (int j = 0; j < T::kFrags; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
 }
 
 // This thread's copies of a stage landed, rounded (float32, if `convert`)
@@ -224,12 +234,16 @@ __device__ __forceinline__ void store_tile(const float (&acc)[T::kFrags][4], con
 }
 
 // Operands of type E; results of type O: E itself, or float32 partial sums
-// of a K slice. kX3: 3xTF32 (E float32). kPipelined (not with kX3): tile
+// of a K slice. kX3: 3xTF32 (E float32), a partial sum every kPartSteps
+// k steps (4: one a K tile; 2: two, the first retired and added before
+// the second is issued, for a shorter chain in the tensor cores at the
+// cost of a drain). kPipelined (not with kX3): tile
 // kt's wgmmas stay in flight while tile kt + 1 is readied and the barrier
 // passes, and tile kt - 1's retire first (wgmma_wait<1>), so the tensor
 // cores need not drain at every barrier; the copy into tile kt - 1's stage
 // then waits until after the barrier, one step later than otherwise.
-template <int BN, typename E, typename O, bool kX3 = false, bool kPipelined = false>
+template <int BN, typename E, typename O, bool kX3 = false, bool kPipelined = false,
+          int kPartSteps = 4>
 __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN, E, kX3>::kBlocksPerSm)
     fprop_nhwc_wgmma_kernel(const ConvParams p, const cfg::OutMap out, const E* __restrict__ x,
                             const E* __restrict__ w, const O* __restrict__ bias,
@@ -287,7 +301,13 @@ __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN, E, kX3>::kBlock
     wgmma_fence_operands(acc);
   } else {
     for (int kt = 0; kt < kts; ++kt) {
-      if constexpr (kX3) {
+      if constexpr (kX3 && kPartSteps == 2) {
+        issue_stage_x3<T, 0, 2>(part, stage(kt), warp >> 2);
+        wgmma_wait<0>();
+        add_part<T>(acc, part);
+        issue_stage_x3<T, 2, 2>(part, stage(kt), warp >> 2);
+      } else if constexpr (kX3) {
+        static_assert(kPartSteps == cfg::kRowBytes / 32, "a part is a K tile or half of one");
         issue_stage_x3<T>(part, stage(kt), warp >> 2);
       } else {
         issue_stage<T>(acc, stage(kt), warp >> 2);
@@ -298,11 +318,7 @@ __global__ void __launch_bounds__(cfg::kThreads, WgmmaTraits<BN, E, kX3>::kBlock
       ready_own_chunks<T>(stage(kt + 1), row0, chunk, convert && kt + 1 < kts);
       wgmma_wait<0>();
       if constexpr (kX3) {
-        wgmma_fence_operands(part);
-#pragma unroll
-        for (int j = 0; j < T::kFrags; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
+        add_part<T>(acc, part);
       } else {
         wgmma_fence_operands(acc);
       }
@@ -343,8 +359,9 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
   const dim3 grid(static_cast<unsigned>(g.m_tiles * g.n_tiles), static_cast<unsigned>(k.splits));
   const auto stream = current_stream();
   if (k.splits == 1) {
-    auto kernel = !kX3 && k.pipelined ? fprop_nhwc_wgmma_kernel<BN, E, E, kX3, !kX3>
-                                      : fprop_nhwc_wgmma_kernel<BN, E, E, kX3>;
+    auto kernel = !kX3 && k.pipelined    ? fprop_nhwc_wgmma_kernel<BN, E, E, kX3, !kX3>
+                  : kX3 && k.half_parts ? fprop_nhwc_wgmma_kernel<BN, E, E, kX3, false, kX3 ? 2 : 4>
+                                        : fprop_nhwc_wgmma_kernel<BN, E, E, kX3>;
     ensure_dynamic_smem(kernel, smem);
     kernel<<<grid, cfg::kThreads, smem, stream>>>(
         p, out, x, w, bias, y, static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles),
@@ -355,8 +372,10 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
   // choose_fprop splits K on 128 x 128 and 128 x 64 tiles only.
   if constexpr (BN != 256) {
     // Each slice's partial sums, dense [M][N], no bias; then their sum.
-    auto kernel = !kX3 && k.pipelined ? fprop_nhwc_wgmma_kernel<BN, E, float, kX3, !kX3>
-                                      : fprop_nhwc_wgmma_kernel<BN, E, float, kX3>;
+    auto kernel =
+        !kX3 && k.pipelined    ? fprop_nhwc_wgmma_kernel<BN, E, float, kX3, !kX3>
+        : kX3 && k.half_parts ? fprop_nhwc_wgmma_kernel<BN, E, float, kX3, false, kX3 ? 2 : 4>
+                              : fprop_nhwc_wgmma_kernel<BN, E, float, kX3>;
     ensure_dynamic_smem(kernel, smem);
     const int64_t mn = p.gemm_m() * p.out_channels;
     const at::TensorBase partial = scratch({k.splits, mn}, at::kFloat);
