@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <type_traits>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -125,6 +126,9 @@ inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream();
 at::TensorBase aligned_16(const at::TensorBase& t, at::MemoryFormat format);
 // dst.copy_(src) (tensor_ops.cu).
 void copy_into(const at::TensorBase& dst, const at::TensorBase& src);
+// A strided dgrad's phases that some tap reaches; the pixels of the others
+// (no tap, so zeros) zeroed in grad_in here (tensor_ops.cu).
+std::vector<DgradPhase> reached_phases(const ConvParams& p, const at::TensorBase& grad_in);
 // run(0), ..., run(count - 1): with `side_by_side`, run(i > 0) on a stream
 // of PyTorch's pool (the current stream while it runs, so its scratch is
 // that stream's), forked from the caller's stream and joined back before

@@ -36,16 +36,9 @@ void launch_dgrad_phases(const ConvParams& p, const at::Tensor& go, const at::Te
                                  .transpose(1, 2)
                                  .reshape({p.in_channels, cout_g, p.kernel_h, p.kernel_w})
                                  .flip({2, 3});
-  // Phases no tap reaches are zeros; the others run one forward each
-  // (side by side with the option dgrad_phase_streams).
-  std::vector<DgradPhase> work;
-  for (const DgradPhase& ph : dgrad_phases(p)) {
-    if (ph.fprop.kernel_h == 0 || ph.fprop.kernel_w == 0) {
-      grad_in.slice(2, ph.row0, p.in_h, p.stride_h).slice(3, ph.col0, p.in_w, p.stride_w).zero_();
-    } else {
-      work.push_back(ph);
-    }
-  }
+  // The reached phases run one forward each (side by side with the option
+  // dgrad_phase_streams).
+  const std::vector<DgradPhase> work = reached_phases(p, grad_in);
   for_each_work(static_cast<int>(work.size()), option(Option::kDgradPhaseStreams), [&](int i) {
     const DgradPhase& ph = work[i];
     const ConvParams& f = ph.fprop;

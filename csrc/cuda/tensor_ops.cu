@@ -21,6 +21,20 @@ void copy_into(const at::TensorBase& dst, const at::TensorBase& src) {
   at::Tensor(dst).copy_(at::Tensor(src));
 }
 
+std::vector<DgradPhase> reached_phases(const ConvParams& p, const at::TensorBase& grad_in) {
+  std::vector<DgradPhase> reached;
+  for (const DgradPhase& ph : dgrad_phases(p)) {
+    if (ph.fprop.kernel_h == 0 || ph.fprop.kernel_w == 0) {
+      at::Tensor(grad_in).slice(2, ph.row0, p.in_h, p.stride_h)
+          .slice(3, ph.col0, p.in_w, p.stride_w)
+          .zero_();
+    } else {
+      reached.push_back(ph);
+    }
+  }
+  return reached;
+}
+
 void for_each_work(int count, bool side_by_side, const std::function<void(int)>& run) {
   if (!side_by_side || count <= 1) {
     for (int i = 0; i < count; ++i) run(i);

@@ -32,18 +32,9 @@ void launch_dgrad_nhwc_phases(const ConvParams& p, const at::TensorBase& grad_ou
   // strided slice of it (as launch_dgrad_phases in ../dgrad.cu).
   const at::Tensor flipped = at::Tensor(w).transpose(0, 1).flip({2, 3});
   const int64_t row_pitch = p.in_w * p.in_channels;
-  // Phases no tap reaches are zeros; the others run one forward each
-  // (side by side with the option dgrad_phase_streams).
-  std::vector<DgradPhase> work;
-  for (const DgradPhase& ph : dgrad_phases(p)) {
-    if (ph.fprop.kernel_h == 0 || ph.fprop.kernel_w == 0) {
-      at::Tensor(grad_in).slice(2, ph.row0, p.in_h, p.stride_h)
-          .slice(3, ph.col0, p.in_w, p.stride_w)
-          .zero_();
-    } else {
-      work.push_back(ph);
-    }
-  }
+  // The reached phases run one forward each (side by side with the option
+  // dgrad_phase_streams).
+  const std::vector<DgradPhase> work = reached_phases(p, grad_in);
   for_each_work(static_cast<int>(work.size()), option(Option::kDgradPhaseStreams), [&](int i) {
     const DgradPhase& ph = work[i];
     const ConvParams& f = ph.fprop;

@@ -68,45 +68,43 @@ struct WgmmaTraits {
   static_assert(kHalfElems * sizeof(E) % cfg::kWgmmaAlign == 0, "small parts on whole atoms");
 };
 
-// The chunks this thread copied into a float32 stage (load_stage's rows),
-// rounded to nearest TF32 in place.
+// fn(address) for each 16-byte chunk this thread copied into a float32
+// stage (load_stage's rows: A's, then B's).
+template <typename T, typename Fn>
+__device__ __forceinline__ void for_own_chunks(float* stage, int row0, int chunk, Fn&& fn) {
+  constexpr int kRowStep = cfg::kThreads / nhwc::kChunks;
+#pragma unroll
+  for (int i = 0; i < T::kARows; ++i) fn(stage + nhwc::swizzled(row0 + i * kRowStep, chunk));
+  float* const sb = stage + kBM * cfg::kBlockK;
+#pragma unroll
+  for (int i = 0; i < T::kBRows; ++i) fn(sb + nhwc::swizzled(row0 + i * kRowStep, chunk));
+}
+
+// The chunks this thread copied, rounded to nearest TF32 in place.
 template <typename T>
 __device__ __forceinline__ void round_own_chunks(float* stage, int row0, int chunk) {
-  auto round4 = [](float* at) {
+  for_own_chunks<T>(stage, row0, chunk, [](float* at) {
     float4 v = *reinterpret_cast<float4*>(at);
     v.x = __uint_as_float(tf32_operand(v.x));
     v.y = __uint_as_float(tf32_operand(v.y));
     v.z = __uint_as_float(tf32_operand(v.z));
     v.w = __uint_as_float(tf32_operand(v.w));
     *reinterpret_cast<float4*>(at) = v;
-  };
-  constexpr int kRowStep = cfg::kThreads / nhwc::kChunks;
-#pragma unroll
-  for (int i = 0; i < T::kARows; ++i) round4(stage + nhwc::swizzled(row0 + i * kRowStep, chunk));
-  float* const sb = stage + kBM * cfg::kBlockK;
-#pragma unroll
-  for (int i = 0; i < T::kBRows; ++i) round4(sb + nhwc::swizzled(row0 + i * kRowStep, chunk));
+  });
 }
 
-// 3xTF32: the chunks this thread copied into a float32 stage (load_stage's
-// rows) split into big (rounded to nearest TF32, in place) and small (the
-// rest, rounded) parts, the small ones at the same place of the stage's
-// second half. Rounding both leaves each product's error at most about
-// 2^-22 of it (mma.cuh, tf32_split).
+// 3xTF32: the chunks this thread copied split into big (rounded to nearest
+// TF32, in place) and small (the rest, rounded) parts, the small ones at
+// the same place of the stage's second half. Rounding both leaves each
+// product's error at most about 2^-22 of it (mma.cuh, tf32_split).
 template <typename T>
 __device__ __forceinline__ void split_own_chunks(float* stage, int row0, int chunk) {
-  auto split4 = [](float* at) {
+  for_own_chunks<T>(stage, row0, chunk, [](float* at) {
     uint32_t big[4], small[4];
     tf32_split4<true, true>(*reinterpret_cast<const float4*>(at), big, small);
     *reinterpret_cast<uint4*>(at) = make_uint4(big[0], big[1], big[2], big[3]);
     *reinterpret_cast<uint4*>(at + T::kHalfElems) = make_uint4(small[0], small[1], small[2], small[3]);
-  };
-  constexpr int kRowStep = cfg::kThreads / nhwc::kChunks;
-#pragma unroll
-  for (int i = 0; i < T::kARows; ++i) split4(stage + nhwc::swizzled(row0 + i * kRowStep, chunk));
-  float* const sb = stage + kBM * cfg::kBlockK;
-#pragma unroll
-  for (int i = 0; i < T::kBRows; ++i) split4(sb + nhwc::swizzled(row0 + i * kRowStep, chunk));
+  });
 }
 
 // One k step's wgmma in E's type: TF32 k8, or 16-bit k16.
@@ -347,6 +345,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The kernel of k's variant (pipelined, 3xTF32 parts) with results of type O.
+template <int BN, typename E, typename O, bool kX3>
+auto wgmma_kernel(const cfg::FpropKernel& k) {
+  if (!kX3 && k.pipelined) return fprop_nhwc_wgmma_kernel<BN, E, O, kX3, !kX3>;
+  if (kX3 && k.half_parts) return fprop_nhwc_wgmma_kernel<BN, E, O, kX3, false, kX3 ? 2 : 4>;
+  return fprop_nhwc_wgmma_kernel<BN, E, O, kX3>;
+}
+
 template <int BN, typename E, bool kX3>
 void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w, const E* bias,
             E* y, const cfg::FpropKernel& k) {
@@ -359,9 +365,7 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
   const dim3 grid(static_cast<unsigned>(g.m_tiles * g.n_tiles), static_cast<unsigned>(k.splits));
   const auto stream = current_stream();
   if (k.splits == 1) {
-    auto kernel = !kX3 && k.pipelined    ? fprop_nhwc_wgmma_kernel<BN, E, E, kX3, !kX3>
-                  : kX3 && k.half_parts ? fprop_nhwc_wgmma_kernel<BN, E, E, kX3, false, kX3 ? 2 : 4>
-                                        : fprop_nhwc_wgmma_kernel<BN, E, E, kX3>;
+    auto kernel = wgmma_kernel<BN, E, E, kX3>(k);
     ensure_dynamic_smem(kernel, smem);
     kernel<<<grid, cfg::kThreads, smem, stream>>>(
         p, out, x, w, bias, y, static_cast<int>(g.n_tiles), static_cast<int>(g.c_tiles),
@@ -372,10 +376,7 @@ void launch(const ConvParams& p, const cfg::OutMap& out, const E* x, const E* w,
   // choose_fprop splits K on 128 x 128 and 128 x 64 tiles only.
   if constexpr (BN != 256) {
     // Each slice's partial sums, dense [M][N], no bias; then their sum.
-    auto kernel =
-        !kX3 && k.pipelined    ? fprop_nhwc_wgmma_kernel<BN, E, float, kX3, !kX3>
-        : kX3 && k.half_parts ? fprop_nhwc_wgmma_kernel<BN, E, float, kX3, false, kX3 ? 2 : 4>
-                              : fprop_nhwc_wgmma_kernel<BN, E, float, kX3>;
+    auto kernel = wgmma_kernel<BN, E, float, kX3>(k);
     ensure_dynamic_smem(kernel, smem);
     const int64_t mn = p.gemm_m() * p.out_channels;
     const at::TensorBase partial = scratch({k.splits, mn}, at::kFloat);
